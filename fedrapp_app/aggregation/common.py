@@ -1,0 +1,319 @@
+"""What every server rule shares: validated round inputs, the round output, parameter checks, z-scores.
+
+Every rule has the signature of :class:`RoundRule`. The inputs are stacked over the N clients the server
+knows; rows of clients that did not reply are ignored wherever SPEC says so, and may hold anything, even
+NaN: :func:`validate_round` replaces them by neutral values before any arithmetic, so they cannot leak.
+The rules compute in float64 and return float32 prompts (the wire format); rows a rule leaves untouched
+are copied from the float32 inputs, so they come back bit for bit.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, fields
+from typing import Any, Protocol
+
+import numpy as np
+from numpy.typing import ArrayLike, NDArray
+
+#: A statistic counts as having zero spread when its population std is at most this fraction of its
+#: largest magnitude. Identical float32 uploads can give a float64 mean that is off by an ulp, and dividing
+#: that rounding noise by an equally tiny std would turn "all equal" into z-scores of ±1. Distinct float32
+#: values differ by at least ~6e-8 relative, far above this threshold.
+SPREAD_RTOL = 1e-9
+
+
+# ----------------------------------------------------------------------------------------------- outputs
+@dataclass(frozen=True)
+class Diagnostics:
+    """Per-round quantities for logging; every array is indexed by the server's client rows.
+
+    Attributes
+    ----------
+    informative : bool [N]
+        U_t: replied with ``‖Δ_i‖ > min_update_norm``.
+    update_norm : float64 [N]
+        ``‖Δ_i‖ = ‖P̃_i − sent_i‖``; 0 for clients that did not reply.
+    r : float64 [N]
+        Reliability (FedRAPP); 0 for the baselines and outside U_t.
+    mu : float64 [N]
+        Weight of the old memory in the new memory: FedRAPP's μ_i; 1 where the memory row is untouched;
+        0 where a baseline overwrites it.
+    peer_weights : float64 [N, N]
+        Row i: weight of each peer j in the peer part of client i's next prompt (FedRAPP's w_ij; for the
+        baselines the off-diagonal of ``xi`` renormalised). Rows sum to 1 or are all zero (no peers).
+    gamma : float64 [N]
+        Share of the peers in client i's next prompt: ``next_i = (1 − γ_i)·own_i + γ_i·Σ_j w_ij·X_j``,
+        where own/X are memories (FedRAPP) or uploads (baselines).
+    xi : float64 [N, N] or None
+        For rules that mix uploads directly (fedavg, fedamp, fedamp-cos): ``xi[i, j]`` is the weight of
+        upload P̃_j in client i's next prompt (FedAMP's ξ). None for fedrapp and none-fed.
+    """
+
+    informative: NDArray[np.bool_]
+    update_norm: NDArray[np.float64]
+    r: NDArray[np.float64]
+    mu: NDArray[np.float64]
+    peer_weights: NDArray[np.float64]
+    gamma: NDArray[np.float64]
+    xi: NDArray[np.float64] | None = None
+
+
+@dataclass(frozen=True)
+class RoundOutput:
+    """Result of one server round.
+
+    Attributes
+    ----------
+    memory : float32 [N, d]
+        The server's per-client memories after the round.
+    personalized : float32 [N, d]
+        What each client is sent next (the strategy stores it as the new ``sent``).
+    diagnostics : Diagnostics
+    """
+
+    memory: NDArray[np.float32]
+    personalized: NDArray[np.float32]
+    diagnostics: Diagnostics
+
+
+class RoundRule(Protocol):
+    """The signature every server rule has (see ``docs/ARCHITECTURE.md``, "Server rules")."""
+
+    def __call__(
+        self,
+        tuned: ArrayLike,
+        sent: ArrayLike,
+        memory: ArrayLike,
+        h_pre: ArrayLike,
+        h_post: ArrayLike,
+        replied: ArrayLike,
+        num_examples: ArrayLike,
+        params: Any = None,
+    ) -> RoundOutput: ...
+
+
+# -------------------------------------------------------------------------------------------- parameters
+@dataclass(frozen=True)
+class Interval:
+    """A range of allowed parameter values, printed the mathematical way (``[0, 1]``, ``(0, inf)``)."""
+
+    low: float
+    high: float
+    low_open: bool = False
+    high_open: bool = False
+
+    def __contains__(self, value: float) -> bool:
+        above = value > self.low if self.low_open else value >= self.low
+        below = value < self.high if self.high_open else value <= self.high
+        return above and below  # False for NaN
+
+    def __str__(self) -> str:
+        return f"{'(' if self.low_open else '['}{self.low:g}, {self.high:g}{')' if self.high_open else ']'}"
+
+
+UNIT = Interval(0.0, 1.0)
+NON_NEGATIVE = Interval(0.0, math.inf, high_open=True)
+POSITIVE = Interval(0.0, math.inf, low_open=True, high_open=True)
+
+
+def param(default: float, allowed: Interval, help: str) -> Any:
+    """A float hyperparameter field with its allowed range and a one-line meaning (for docs and errors)."""
+    return field(default=default, metadata={"allowed": allowed, "help": help})
+
+
+class RuleParams:
+    """Base of the frozen hyperparameter dataclasses: coerces every field to float and checks its range."""
+
+    def __post_init__(self) -> None:
+        for f in fields(self):  # type: ignore[arg-type]
+            value = getattr(self, f.name)
+            where = f"{type(self).__name__}.{f.name}"
+            if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
+                raise TypeError(f"{where} must be a real number, got {value!r} ({type(value).__name__})")
+            value = float(value)
+            allowed: Interval = f.metadata["allowed"]
+            if value not in allowed:
+                raise ValueError(f"{where} = {value!r} is outside its allowed range {allowed}")
+            object.__setattr__(self, f.name, value)
+
+
+# ------------------------------------------------------------------------------------------------ inputs
+@dataclass(frozen=True)
+class RoundInputs:
+    """Validated inputs of one round, in float64 (float32 kept where rows must come back untouched).
+
+    Rows of clients that did not reply are neutralised: ``tuned`` holds their ``sent`` row (so Δ = 0),
+    ``h_pre``, ``h_post`` and ``num_examples`` hold 0. Nothing a non-replying client uploaded survives here.
+    """
+
+    tuned: NDArray[np.float64]  # [N, d]
+    sent: NDArray[np.float64]  # [N, d]
+    memory: NDArray[np.float64]  # [N, d]
+    h_pre: NDArray[np.float64]  # [N]
+    h_post: NDArray[np.float64]  # [N]
+    replied: NDArray[np.bool_]  # [N]
+    num_examples: NDArray[np.float64]  # [N]
+    sent32: NDArray[np.float32]  # [N, d], the rows an untouched client is sent again
+    memory32: NDArray[np.float32]  # [N, d]
+
+
+def _real_array(name: str, value: ArrayLike, shape: tuple[int, ...]) -> NDArray[Any]:
+    array = np.asarray(value)
+    if not (np.issubdtype(array.dtype, np.floating) or np.issubdtype(array.dtype, np.integer)):
+        raise TypeError(f"{name} must hold real numbers, got dtype {array.dtype}")
+    if array.shape != shape:
+        raise ValueError(f"{name} has shape {array.shape}, expected {shape} (N clients, d prompt entries)")
+    return array
+
+
+def _require_finite(name: str, array: NDArray[Any], rows: NDArray[np.bool_]) -> None:
+    finite = np.isfinite(array) if array.ndim == 1 else np.isfinite(array).all(axis=1)
+    bad = np.flatnonzero(rows & ~finite)
+    if bad.size:
+        raise ValueError(
+            f"{name} is not finite in row(s) {bad[:10].tolist()}: the strategy must reject such uploads "
+            "(mark the client as not replied) before calling a server rule"
+        )
+
+
+def validate_round(
+    tuned: ArrayLike,
+    sent: ArrayLike,
+    memory: ArrayLike,
+    h_pre: ArrayLike,
+    h_post: ArrayLike,
+    replied: ArrayLike,
+    num_examples: ArrayLike,
+) -> RoundInputs:
+    """Check shapes, dtypes and finiteness; neutralise the rows of clients that did not reply."""
+    sent_array = np.asarray(sent)
+    if sent_array.ndim != 2 or sent_array.shape[0] < 1 or sent_array.shape[1] < 1:
+        raise ValueError(f"sent must be a non-empty [N, d] array, got shape {sent_array.shape}")
+    n, d = sent_array.shape
+    replied_array = np.asarray(replied)
+    if replied_array.dtype != np.bool_ or replied_array.shape != (n,):
+        raise TypeError(
+            f"replied must be a bool array of shape ({n},), got dtype {replied_array.dtype} and shape "
+            f"{replied_array.shape}; convert a 0/1 vector with .astype(bool)"
+        )
+    everyone = np.ones(n, dtype=bool)
+    sent_array = _real_array("sent", sent_array, (n, d))
+    memory_array = _real_array("memory", memory, (n, d))
+    _require_finite("sent", sent_array, everyone)
+    _require_finite("memory", memory_array, everyone)
+    uploads = {"tuned": _real_array("tuned", tuned, (n, d))}
+    for name, value in (("h_pre", h_pre), ("h_post", h_post), ("num_examples", num_examples)):
+        uploads[name] = _real_array(name, value, (n,))
+    for name in ("tuned", "h_pre", "h_post"):
+        _require_finite(name, uploads[name], replied_array)
+
+    sent64 = sent_array.astype(np.float64)
+    # np.where selects without arithmetic: NaN in an ignored row raises no warning and reaches nothing.
+    return RoundInputs(
+        tuned=np.where(replied_array[:, None], uploads["tuned"], sent64).astype(np.float64),
+        sent=sent64,
+        memory=memory_array.astype(np.float64),
+        h_pre=np.where(replied_array, uploads["h_pre"], 0.0).astype(np.float64),
+        h_post=np.where(replied_array, uploads["h_post"], 0.0).astype(np.float64),
+        replied=replied_array.copy(),
+        num_examples=np.where(replied_array, uploads["num_examples"], 0.0).astype(np.float64),
+        sent32=sent_array.astype(np.float32, copy=False),
+        memory32=memory_array.astype(np.float32, copy=False),
+    )
+
+
+# ----------------------------------------------------------------------------------------------- helpers
+def keep_rows(
+    new: NDArray[np.floating], old32: NDArray[np.float32], keep: NDArray[np.bool_]
+) -> NDArray[np.float32]:
+    """float32 ``new`` with the rows in ``keep`` taken verbatim from ``old32``; never aliases an input."""
+    return np.where(keep[:, None], old32, new.astype(np.float32))
+
+
+def update_norms(inputs: RoundInputs) -> NDArray[np.float64]:
+    """``‖P̃_i − sent_i‖`` per client [N]; 0 for clients that did not reply."""
+    return np.linalg.norm(inputs.tuned - inputs.sent, axis=1)
+
+
+def masked_zscore(values: NDArray[np.float64], mask: NDArray[np.bool_]) -> NDArray[np.float64]:
+    """Population z-scores of ``values`` over ``mask`` [N]; 0 outside the mask.
+
+    All zero when fewer than two entries are masked in or the masked values have zero spread (up to
+    :data:`SPREAD_RTOL`), since a z-score is then undefined rather than large.
+    """
+    z = np.zeros(values.shape, dtype=np.float64)
+    if np.count_nonzero(mask) < 2:
+        return z
+    selected = values[mask]
+    centered = selected - selected.mean()
+    std = math.sqrt(float(np.mean(centered * centered)))
+    if std <= SPREAD_RTOL * float(np.max(np.abs(selected))):
+        return z
+    z[mask] = centered / std
+    return z
+
+
+def split_mixing(xi: NDArray[np.float64]) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
+    """Split a mixing matrix [N, N] into ``gamma`` [N] (mass on others) and row-normalised peer weights."""
+    peers = xi - np.diag(np.diag(xi))
+    gamma = peers.sum(axis=1)
+    weights = np.divide(peers, gamma[:, None], out=np.zeros_like(peers), where=gamma[:, None] > 0)
+    return gamma, weights
+
+
+def unchanged_round(inputs: RoundInputs) -> RoundOutput:
+    """The output of a round in which nothing moves (e.g. nobody replied)."""
+    n = inputs.replied.shape[0]
+    return RoundOutput(
+        memory=inputs.memory32.copy(),
+        personalized=inputs.sent32.copy(),
+        diagnostics=Diagnostics(
+            informative=np.zeros(n, dtype=bool),
+            update_norm=np.zeros(n),
+            r=np.zeros(n),
+            mu=np.ones(n),
+            peer_weights=np.zeros((n, n)),
+            gamma=np.zeros(n),
+        ),
+    )
+
+
+def synthetic_round(
+    rng: np.random.Generator,
+    n_clients: int,
+    dim: int,
+    *,
+    reply_prob: float = 0.7,
+    step: float = 0.01,
+) -> dict[str, NDArray[Any]]:
+    """Random but plausible keyword inputs of one round, for tests and benchmarks.
+
+    Memories and last-sent prompts scatter around a common P⁰ (token-embedding scale ~0.02); each upload
+    is the last-sent prompt plus a step of scale ``step`` (a shared direction plus per-client noise, so
+    most cosines are positive); entropies lie in [1, log 100] with a drop in [0, 1].
+    Rows of clients that did not reply hold NaN, as a reminder that they must be ignored.
+    """
+    p0 = rng.normal(0.0, 0.02, size=dim)
+    memory = p0 + rng.normal(0.0, 0.005, size=(n_clients, dim))
+    sent = p0 + rng.normal(0.0, 0.005, size=(n_clients, dim))
+    # Steps share a common direction (all clients adapt the same P⁰ to the same kind of task) plus noise.
+    direction = rng.normal(0.0, 1.0, size=dim) + rng.normal(0.0, 1.0, size=(n_clients, dim))
+    tuned = sent + step * direction * rng.uniform(0.2, 2.0, size=(n_clients, 1))
+    h_pre = rng.uniform(1.0, math.log(100), size=n_clients)
+    h_post = h_pre - rng.uniform(0.0, 1.0, size=n_clients)
+    replied = rng.random(n_clients) < reply_prob
+    replied[rng.integers(n_clients)] = True
+    absent = ~replied
+    tuned[absent] = np.nan
+    h_pre[absent] = np.nan
+    h_post[absent] = np.nan
+    return {
+        "tuned": tuned.astype(np.float32),
+        "sent": sent.astype(np.float32),
+        "memory": memory.astype(np.float32),
+        "h_pre": h_pre,
+        "h_post": h_post,
+        "replied": replied,
+        "num_examples": rng.integers(1, 65, size=n_clients).astype(np.float64),
+    }
