@@ -1,0 +1,145 @@
+"""``DataSpec``: the data settings of a run, one field per kebab-case run-config key, validated cheaply."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from fedrapp_app.data.presets import PRESETS, resolve_preset
+
+SOURCES = ("auto", "hf", "webdataset", "coop", "imagefolder", "testbed")
+PARTITIONS = ("iid", "dirichlet")
+#: A testbed domain entry that means "no corruption".
+CLEAN = "clean"
+
+
+@dataclass(frozen=True)
+class DataSpec:
+    """Where the test split comes from and how it is cut into per-client streams.
+
+    Field ``x_y`` is the run-config key ``x-y``. Defaults give the offline testbed run.
+    """
+
+    dataset: str = "testbed"  # "testbed", a preset name (presets.PRESETS) or "custom"
+    source: str = "auto"  # one of SOURCES; "auto" picks from data-dir / hf-repo / the preset
+    data_dir: str = ""  # local folder (CoOp layout, webdataset, image folder, saved HF dataset)
+    hf_repo: str = ""  # Hub repo id (or local path) of an HF dataset or a clip-benchmark webdataset
+    hf_split: str = "test"
+    hf_image_column: str = "auto"  # "auto": the first Image column
+    hf_label_column: str = "auto"  # "auto": the first ClassLabel column, else "label"
+    num_clients: int = 8
+    partition: str = "dirichlet"  # one of PARTITIONS
+    dirichlet_alpha: float = 0.1
+    min_partition_size: int = 10
+    seed: int = 0
+    batch_size: int = 64
+    max_samples_per_client: int = 0  # 0 = the whole partition
+    testbed_samples: int = 5120
+    testbed_domains: str = ""  # "name:severity,..." (client i gets domain i mod D); "" or "clean" = none
+    decode_workers: int = 4  # threads decoding a batch (0 = decode in the caller)
+
+
+def kebab(field_name: str) -> str:
+    """``"dirichlet_alpha"`` -> ``"dirichlet-alpha"`` (the run-config key of a field)."""
+    return field_name.replace("_", "-")
+
+
+def _bad(field_name: str, value: Any, allowed: str) -> ValueError:
+    return ValueError(f"{kebab(field_name)}={value!r} is invalid: expected {allowed}")
+
+
+def _check_int(spec: DataSpec, name: str, low: int) -> None:
+    value = getattr(spec, name)
+    if isinstance(value, bool) or not isinstance(value, int) or value < low:
+        raise _bad(name, value, f"an integer >= {low}")
+
+
+def _check_choice(spec: DataSpec, name: str, choices: tuple[str, ...]) -> None:
+    value = getattr(spec, name)
+    if value not in choices:
+        raise _bad(name, value, "one of " + ", ".join(repr(c) for c in choices))
+
+
+def parse_domains(text: str) -> tuple[tuple[str, int] | None, ...]:
+    """Parse ``testbed-domains``: ``"gaussian_noise:1,blur:2,clean"`` -> ``(("gaussian_noise", 1), ...)``.
+
+    ``None`` entries mean a clean domain; a missing severity means 1. An empty text (or only "clean")
+    gives ``()``: no corruption at all. Names are checked against the testbed later (``check_domains``).
+    """
+    entries = [e.strip() for e in text.split(",") if e.strip()]
+    domains: list[tuple[str, int] | None] = []
+    for entry in entries:
+        if entry == CLEAN:
+            domains.append(None)
+            continue
+        name, _, severity = entry.partition(":")
+        name = name.strip()
+        try:
+            level = int(severity) if severity.strip() else 1
+        except ValueError:
+            level = 0
+        if not name or level < 1:
+            raise _bad(
+                "testbed_domains", text,
+                "a comma-separated list of 'corruption:severity' (severity an integer >= 1) or 'clean'",
+            )  # fmt: skip
+        domains.append((name, level))
+    if all(d is None for d in domains):
+        return ()
+    return tuple(domains)
+
+
+def domain_label(domain: tuple[str, int] | None) -> str:
+    """A domain as the text it was configured with: ``("blur", 2)`` -> ``"blur:2"``, None -> ``"clean"``."""
+    return CLEAN if domain is None else f"{domain[0]}:{domain[1]}"
+
+
+def validate_spec(spec: DataSpec) -> DataSpec:
+    """Check every field without touching any data; raise ``ValueError`` naming the key, value and range.
+
+    Returns the spec unchanged so it can be used inline: ``spec = validate_spec(DataSpec(...))``.
+    """
+    for name in ("dataset", "source", "data_dir", "hf_repo", "hf_split", "hf_image_column", "hf_label_column",
+                 "partition", "testbed_domains"):  # fmt: skip
+        if not isinstance(getattr(spec, name), str):
+            raise _bad(name, getattr(spec, name), "a string")
+    preset = resolve_preset(spec.dataset)
+    if preset is None:
+        raise _bad("dataset", spec.dataset, "one of " + ", ".join(PRESETS))
+    _check_choice(spec, "source", SOURCES)
+    _check_choice(spec, "partition", PARTITIONS)
+    for name in ("hf_split", "hf_image_column", "hf_label_column"):
+        if not getattr(spec, name).strip():
+            raise _bad(name, getattr(spec, name), "a non-empty string")
+    _check_int(spec, "num_clients", 1)
+    _check_int(spec, "min_partition_size", 0)
+    _check_int(spec, "seed", 0)
+    _check_int(spec, "batch_size", 1)
+    _check_int(spec, "max_samples_per_client", 0)
+    _check_int(spec, "testbed_samples", 1)
+    _check_int(spec, "decode_workers", 0)
+    alpha = spec.dirichlet_alpha
+    if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not math.isfinite(alpha) or alpha <= 0:
+        raise _bad("dirichlet_alpha", alpha, "a finite number > 0 (0.1 = strong label skew, 0.5 = moderate)")
+    parse_domains(spec.testbed_domains)
+    _check_source_fits(spec, preset.name)
+    return spec
+
+
+def _check_source_fits(spec: DataSpec, dataset: str) -> None:
+    is_testbed = dataset == "testbed"
+    if is_testbed and spec.source not in ("auto", "testbed"):
+        raise _bad("source", spec.source, "'auto' or 'testbed' when dataset='testbed'")
+    if not is_testbed and spec.source == "testbed":
+        raise _bad("source", spec.source, f"a real source for dataset={dataset!r} ('testbed' needs dataset='testbed')")
+    if spec.source in ("coop", "imagefolder") and not spec.data_dir:
+        raise _bad("data_dir", spec.data_dir, f"the folder holding the data when source={spec.source!r}")
+    if spec.source == "hf" and not (spec.hf_repo or spec.data_dir):
+        raise _bad("hf_repo", spec.hf_repo, "a Hub dataset id (or a local dataset path) when source='hf'")
+    no_location = not (spec.data_dir or spec.hf_repo or PRESETS[dataset].hub_repo)
+    if not is_testbed and spec.source in ("auto", "webdataset") and no_location:
+        raise _bad(
+            "data_dir", spec.data_dir,
+            f"a local folder for dataset={dataset!r}: it has no Hub source (docs/datasets.md says how to prepare it)",
+        )  # fmt: skip

@@ -1,0 +1,220 @@
+"""Per-client test streams: a client's partition in a seeded order, cut into batches.
+
+The stream position (the index of the next batch) is all a client needs to resume: ``batch(position)`` is a
+pure function of (spec, client id, position). On the testbed a client also has a shift domain: with D
+domains configured, client ``i`` gets domain ``i mod D`` (``client_domains`` exposes the whole map, e.g.
+for a domain-oracle reference).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, replace
+
+import numpy as np
+from PIL import Image
+
+from fedrapp_app.data.partition import partition_indices
+from fedrapp_app.data.presets import get_preset
+from fedrapp_app.data.sources import Source, cached_source, clear_source_cache
+from fedrapp_app.data.sources.testbed import Domain, TestbedSource, check_domains
+from fedrapp_app.data.spec import DataSpec, domain_label, parse_domains, validate_spec
+
+_STREAM_ORDER = 201  # SeedSequence key of the stream orders (distinct from the testbed pool's keys)
+
+
+@dataclass(frozen=True)
+class StreamBatch:
+    """One batch of a client's stream.
+
+    Attributes
+    ----------
+    images : B RGB images (PIL), not preprocessed.
+    labels : int64 [B], only for scoring predictions.
+    indices : int64 [B], the samples' positions in the source.
+    position : the batch's position in the stream (0-based).
+    """
+
+    images: list[Image.Image]
+    labels: np.ndarray
+    indices: np.ndarray
+    position: int
+
+
+class ClientStream:
+    """A client's test stream: ``num_batches`` batches of ``batch_size`` (the last one may be smaller).
+
+    Attributes
+    ----------
+    client_id : the client's index in 0..num-clients-1.
+    domain : the client's testbed shift domain (``"blur:2"``, ``"clean"``), or None without domains.
+    order : int64 [num_samples], source positions in stream order.
+    """
+
+    def __init__(
+        self,
+        source: Source,
+        order: np.ndarray,
+        batch_size: int,
+        client_id: int,
+        domain: Domain | None = None,
+        domain_name: str | None = None,
+    ) -> None:
+        self.source = source
+        self.order = np.asarray(order, dtype=np.int64)
+        self.batch_size = batch_size
+        self.client_id = client_id
+        self.domain = domain_name
+        self._domain = domain
+        self._pending: dict[int, Future[StreamBatch]] = {}
+        self._lock = threading.Lock()
+        self._executor: ThreadPoolExecutor | None = None
+
+    @property
+    def num_samples(self) -> int:
+        return len(self.order)
+
+    @property
+    def num_batches(self) -> int:
+        return -(-self.num_samples // self.batch_size)
+
+    @property
+    def classnames(self) -> list[str]:
+        return self.source.classnames
+
+    @property
+    def template(self) -> str:
+        return self.source.template
+
+    def indices_at(self, position: int) -> np.ndarray:
+        """int64 [B]: the source positions of batch ``position`` (no image is read)."""
+        if (
+            isinstance(position, bool)
+            or not isinstance(position, (int, np.integer))
+            or not (0 <= position < self.num_batches)
+        ):
+            raise IndexError(
+                f"client {self.client_id}: stream position {position!r} is outside 0..{self.num_batches - 1} "
+                f"({self.num_samples} samples in batches of {self.batch_size})"
+            )
+        start = int(position) * self.batch_size
+        return self.order[start : start + self.batch_size]
+
+    def _load(self, position: int) -> StreamBatch:
+        indices = self.indices_at(position)
+        if self._domain is not None:
+            assert isinstance(self.source, TestbedSource)
+            images = self.source.load(indices, self._domain)
+        else:
+            images = self.source.load(indices)
+        return StreamBatch(images, self.source.labels()[indices].copy(), indices.copy(), int(position))
+
+    def batch(self, position: int) -> StreamBatch:
+        """Batch ``position`` of the stream (taken from a prefetch if one was started)."""
+        with self._lock:
+            pending = self._pending.pop(int(position), None) if isinstance(position, (int, np.integer)) else None
+        return pending.result() if pending is not None else self._load(position)
+
+    def prefetch(self, position: int) -> None:
+        """Start decoding batch ``position`` in the background (no-op past the end or if already started)."""
+        if not 0 <= position < self.num_batches:
+            return
+        with self._lock:
+            if position in self._pending:
+                return
+            if self._executor is None:
+                self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"stream{self.client_id}")
+            # Keep at most two batches in flight: decoded images are the memory cost of prefetching.
+            while len(self._pending) >= 2:
+                self._pending.pop(next(iter(self._pending))).cancel()
+            self._pending[position] = self._executor.submit(self._load, position)
+
+    def iter_batches(self, start: int = 0) -> Iterator[StreamBatch]:
+        """Batches ``start``, ``start + 1``, ... to the end, decoding the next one while the caller works."""
+        for position in range(start, self.num_batches):
+            self.prefetch(position + 1)
+            yield self.batch(position)
+
+    def __repr__(self) -> str:
+        return (
+            f"ClientStream(client_id={self.client_id}, domain={self.domain!r}, num_samples={self.num_samples}, "
+            f"num_batches={self.num_batches}, batch_size={self.batch_size}, source={self.source.description!r})"
+        )
+
+
+def client_domains(spec: DataSpec) -> list[str | None]:
+    """The shift domain of every client (``i mod D`` over the configured domains); all None without domains.
+
+    This is the map a domain-oracle reference groups clients by; labels play no part in it.
+    """
+    validate_spec(spec)
+    domains = parse_domains(spec.testbed_domains) if get_preset(spec.dataset).name == "testbed" else ()
+    if not domains:
+        return [None] * spec.num_clients
+    return [domain_label(domains[i % len(domains)]) for i in range(spec.num_clients)]
+
+
+_PARTITIONS: OrderedDict[DataSpec, list[np.ndarray]] = OrderedDict()
+_PARTITIONS_LOCK = threading.Lock()
+
+
+def _partition_key(spec: DataSpec) -> DataSpec:
+    base = DataSpec()
+    return replace(spec, batch_size=base.batch_size, max_samples_per_client=base.max_samples_per_client,
+                   testbed_domains=base.testbed_domains, decode_workers=base.decode_workers)  # fmt: skip
+
+
+def client_partitions(spec: DataSpec) -> list[np.ndarray]:
+    """Every client's partition of the spec's source (cached per process, as a process serves many rounds)."""
+    key = _partition_key(spec)
+    with _PARTITIONS_LOCK:
+        if key in _PARTITIONS:
+            _PARTITIONS.move_to_end(key)
+            return _PARTITIONS[key]
+    parts = partition_indices(cached_source(spec).labels(), spec)
+    with _PARTITIONS_LOCK:
+        _PARTITIONS[key] = parts
+        while len(_PARTITIONS) > 8:
+            _PARTITIONS.popitem(last=False)
+    return parts
+
+
+def clear_caches() -> None:
+    """Forget cached sources and partitions (tests; or after the data on disk changed)."""
+    clear_source_cache()
+    with _PARTITIONS_LOCK:
+        _PARTITIONS.clear()
+
+
+def stream_order(partition: np.ndarray, seed: int, client_id: int) -> np.ndarray:
+    """A client's partition in its stream order, seeded by (seed, client id)."""
+    rng = np.random.default_rng(np.random.SeedSequence([seed, _STREAM_ORDER, client_id]))
+    return partition[rng.permutation(len(partition))]
+
+
+def build_client_stream(spec: DataSpec, client_id: int) -> ClientStream:
+    """The test stream of client ``client_id``: deterministic from ``spec.seed``.
+
+    Opens the source (cached per process), partitions its labels (cached), orders this client's part and
+    truncates it to ``max_samples_per_client``; images are read only when a batch is asked for.
+    """
+    validate_spec(spec)
+    if (
+        isinstance(client_id, bool)
+        or not isinstance(client_id, (int, np.integer))
+        or not (0 <= client_id < spec.num_clients)
+    ):
+        raise ValueError(f"client id {client_id!r} is outside 0..num-clients-1 (num-clients={spec.num_clients})")
+    client_id = int(client_id)
+    domains = parse_domains(spec.testbed_domains) if get_preset(spec.dataset).name == "testbed" else ()
+    check_domains(domains)
+    source = cached_source(spec)
+    order = stream_order(client_partitions(spec)[client_id], spec.seed, client_id)
+    if spec.max_samples_per_client:
+        order = order[: spec.max_samples_per_client]
+    domain = domains[client_id % len(domains)] if domains else None
+    name = domain_label(domain) if domains else None
+    return ClientStream(source, order, spec.batch_size, client_id, domain, name)
