@@ -1,0 +1,221 @@
+"""TPT (Shu et al., NeurIPS 2022): test-time prompt tuning by confident-view entropy minimisation.
+
+Per test image: the original view plus ``n_views`` augmented views (random resized crop + flip, AugMix
+as an option), keep the ``int(fraction * (1 + n_views))`` views with the lowest prediction entropy
+(6 of 64 by default; at least one), minimise the entropy of their mean probability with one AdamW step
+(lr 5e-3, torch's default weight decay 0.01 as in the reference), then predict the original view.
+
+* ``tpt`` (episodic): prompt and optimizer reset to the round's received prompt before each image.
+  AdamW is elementwise and each image's loss depends only on its own prompt copy, so B independent
+  per-image steps are done exactly as one step on a stacked [B, n, D] copy (one text pass of B*C
+  sequences, in groups of at most ``text_chunk`` sequences). The uploaded tuned prompt is the mean of
+  the B per-image tuned prompts (ours: TPT itself never uploads anything).
+* ``tpt-online``: the same without the per-image reset: images are processed in stream order, the
+  prompt and the AdamW moments keep moving, and the moments persist across rounds (the received
+  prompt replaces the parameters each round).
+
+Each view goes through the image tower once per round; its features serve view selection, the loss and the
+predictions before and after the step.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import ClassVar
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from fedrapp_app.engine.images import normalisation, tpt_views
+from fedrapp_app.engine.prompts import PromptedCLIP
+from fedrapp_app.methods.base import (
+    Adaptation,
+    LocalMethod,
+    adamw_state_arrays,
+    check_prompt,
+    check_state_keys,
+    detached,
+    load_adamw_state,
+    mean_entropy,
+)
+
+
+@dataclass(frozen=True)
+class TPTParams:
+    """Hyperparameters of tpt / tpt-online (defaults: the reference code's)."""
+
+    init_text: str = "a photo of a"
+    n_views: int = 63  # augmented views per image, besides the original
+    keep_ratio: float = 0.1  # fraction of the 1 + n_views views kept (lowest entropy)
+    lr: float = 5e-3
+    weight_decay: float = 0.01  # torch.optim.AdamW's default, used by the reference
+    augmix: bool = False  # AugMix on top of crop + flip (the reference uses it for ImageNet sets)
+    augmix_severity: float = 1.0
+    image_chunk: int = 256  # views per image-tower call (memory bound)
+    text_chunk: int = 2048  # text sequences per pass in episodic mode (memory bound)
+
+    def __post_init__(self) -> None:
+        if self.n_views < 0:
+            raise ValueError(f"n_views must be >= 0, got {self.n_views}")
+        if not 0 < self.keep_ratio <= 1:
+            raise ValueError(f"keep_ratio must be in (0, 1], got {self.keep_ratio}")
+        if self.lr <= 0 or self.weight_decay < 0:
+            raise ValueError(f"lr must be > 0 and weight_decay >= 0, got {self.lr}, {self.weight_decay}")
+        if self.image_chunk < 1 or self.text_chunk < 1:
+            raise ValueError("image_chunk and text_chunk must be >= 1")
+
+    @property
+    def views_kept(self) -> int:
+        """Views kept for the loss: int(keep_ratio * (1 + n_views)), at least one (6 of 64)."""
+        return max(1, int((1 + self.n_views) * self.keep_ratio))
+
+
+# ----- the loss (pure functions) ---------------------------------------------------------------------
+def confident_views(logits: Tensor, keep: int) -> Tensor:
+    """Indices of the ``keep`` lowest-entropy views: Tensor[..., V, C] -> Tensor[..., keep] long."""
+    log_probs = logits.log_softmax(-1)
+    view_entropy = -(log_probs.exp() * log_probs).sum(-1)  # [..., V]
+    return view_entropy.argsort(dim=-1)[..., :keep]
+
+
+def marginal_entropy(logits: Tensor) -> Tensor:
+    """Entropy of the mean probability over views: Tensor[..., k, C] -> Tensor[...]."""
+    log_probs = logits.log_softmax(-1)
+    mean_log = log_probs.logsumexp(dim=-2) - math.log(logits.shape[-2])  # log of the mean probability
+    mean_log = mean_log.clamp(min=torch.finfo(mean_log.dtype).min)
+    return -(mean_log.exp() * mean_log).sum(-1)
+
+
+def tpt_loss(logits: Tensor, keep: int) -> tuple[Tensor, Tensor]:
+    """TPT's loss per image: Tensor[..., V, C] -> (loss Tensor[...], kept view indices Tensor[..., keep])."""
+    kept = confident_views(logits.detach(), keep)
+    chosen = logits.gather(-2, kept.unsqueeze(-1).expand(*kept.shape, logits.shape[-1]))
+    return marginal_entropy(chosen), kept
+
+
+# ----- the methods -----------------------------------------------------------------------------------
+class TPT(LocalMethod):
+    """Episodic TPT; stateless across images and rounds."""
+
+    name: ClassVar[str] = "tpt"
+
+    def __init__(self, params: TPTParams | None = None) -> None:
+        self.params = params or TPTParams()
+
+    def initial_prompt(self, pclip: PromptedCLIP) -> list[Tensor]:
+        return [pclip.context_from_text(self.params.init_text)]
+
+    def view_features(self, pclip: PromptedCLIP, pixel_values: Tensor, generator: torch.Generator) -> Tensor:
+        """Features of each image's original view (row 0) and augmented views -> Tensor[B, 1 + n_views, E].
+
+        One seed per image is drawn from ``generator``, so views do not depend on chunking or device.
+        """
+        p = self.params
+        seeds = torch.randint(0, 2**62, (pixel_values.shape[0],), generator=generator).tolist()
+        mean, std = normalisation(pclip.clip.image_processor)
+        per_call = max(1, p.image_chunk // (1 + p.n_views))
+        features = []
+        for start in range(0, len(seeds), per_call):
+            views = torch.cat([
+                tpt_views(pixel_values[i].to(pclip.device), p.n_views, torch.Generator().manual_seed(seeds[i]),
+                          use_augmix=p.augmix, mean=mean, std=std, severity=p.augmix_severity)
+                for i in range(start, min(start + per_call, len(seeds)))
+            ])
+            features.append(pclip.image_features(views, chunk_size=p.image_chunk))
+        return torch.cat(features).unflatten(0, (len(seeds), 1 + p.n_views))
+
+    def adapt(
+        self, pclip: PromptedCLIP, prompt: Sequence[Tensor], pixel_values: Tensor, generator: torch.Generator
+    ) -> Adaptation:
+        (received,) = check_prompt(prompt, self.initial_prompt(pclip), self.name)
+        features = self.view_features(pclip, pixel_values, generator)
+        tuned, before, after, loss = self._episodic_steps(pclip, received, features)
+        return Adaptation(
+            prompt=detached([tuned.mean(0)]),
+            predictions=after.argmax(-1).cpu(),
+            predictions_before=before.argmax(-1).cpu(),
+            h_pre=mean_entropy(before),
+            h_post=mean_entropy(after),
+            stats={"loss": float(loss.mean()), "views_kept": float(self.params.views_kept), "updated": 1.0},
+        )
+
+    def _episodic_steps(
+        self, pclip: PromptedCLIP, context: Tensor, features: Tensor
+    ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+        """One AdamW step per image from ``context``, all images at once.
+
+        features: Tensor[B, V, E] -> (tuned contexts Tensor[B, *context.shape], logits before Tensor[B, C],
+        logits after Tensor[B, C], loss Tensor[B]).
+        """
+        p = self.params
+        group = max(1, p.text_chunk // len(pclip.classnames))
+        tuned, before, after, losses = [], [], [], []
+        for chunk in features.split(group):
+            stacked = context.to(pclip.device).expand(chunk.shape[0], *context.shape).clone().requires_grad_(True)
+            optimizer = torch.optim.AdamW([stacked], lr=p.lr, weight_decay=p.weight_decay)
+            logits = pclip.logit_scale * torch.einsum("bve,bce->bvc", chunk, pclip.text_features_stacked(stacked))
+            loss, _ = tpt_loss(logits, p.views_kept)
+            # Image b's loss depends only on copy b, so the sum gives every copy exactly its own gradient.
+            loss.sum().backward()
+            optimizer.step()
+            with torch.no_grad():
+                text_after = pclip.text_features_stacked(stacked)
+            tuned.append(stacked.detach())
+            before.append(logits[:, 0].detach())
+            after.append(pclip.logit_scale * torch.einsum("be,bce->bc", chunk[:, 0], text_after))
+            losses.append(loss.detach())
+        return torch.cat(tuned), torch.cat(before), torch.cat(after), torch.cat(losses)
+
+
+class TPTOnline(TPT):
+    """Online TPT: one prompt moves along the stream; AdamW moments persist across rounds."""
+
+    name: ClassVar[str] = "tpt-online"
+    _PREFIX = "optimizer."
+
+    def __init__(self, params: TPTParams | None = None) -> None:
+        super().__init__(params)
+        self._optimizer_state: dict[str, np.ndarray] = {}
+
+    def adapt(
+        self, pclip: PromptedCLIP, prompt: Sequence[Tensor], pixel_values: Tensor, generator: torch.Generator
+    ) -> Adaptation:
+        p = self.params
+        (received,) = check_prompt(prompt, self.initial_prompt(pclip), self.name)
+        features = self.view_features(pclip, pixel_values, generator)  # [B, V, E]
+        context = received.to(pclip.device).requires_grad_(True)
+        optimizer = torch.optim.AdamW([context], lr=p.lr, weight_decay=p.weight_decay)
+        load_adamw_state(optimizer, [context], self._optimizer_state, self._PREFIX)
+        text = pclip.text_features([context])[0]  # [C, E], received prompt
+        before = pclip.logit_scale * features[:, 0] @ text.detach().T
+        after, losses = [], []
+        for b in range(features.shape[0]):
+            loss, _ = tpt_loss(pclip.logit_scale * features[b] @ text.T, p.views_kept)
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+            # The updated prompt predicts image b and gives image b+1's loss: one text pass serves both.
+            with torch.set_grad_enabled(b + 1 < features.shape[0]):
+                text = pclip.text_features([context])[0]
+            after.append(pclip.logit_scale * features[b, 0] @ text.detach().T)
+            losses.append(float(loss.detach()))
+        self._optimizer_state = adamw_state_arrays(optimizer, [context], self._PREFIX)
+        after_logits = torch.stack(after)
+        return Adaptation(
+            prompt=detached([context]),
+            predictions=after_logits.argmax(-1).cpu(),
+            predictions_before=before.argmax(-1).cpu(),
+            h_pre=mean_entropy(before),
+            h_post=mean_entropy(after_logits),
+            stats={"loss": float(np.mean(losses)), "views_kept": float(p.views_kept), "updated": 1.0},
+        )
+
+    def state_dict(self) -> dict[str, np.ndarray]:
+        return {key: value.copy() for key, value in self._optimizer_state.items()}
+
+    def load_state_dict(self, state: dict[str, np.ndarray]) -> None:
+        check_state_keys(state, [self._PREFIX], self.name)
+        self._optimizer_state = {key: np.array(value) for key, value in state.items()}

@@ -1,0 +1,47 @@
+"""Zero-shot CLIP: no adaptation, the reference row of every table (SPEC §3).
+
+Predictions use the hard prompt ``template.format(name)`` (the dataset's zero-shot template) and ignore
+the received prompt, which is returned unchanged (H_pre == H_post). Its initial prompt is the context of
+"a photo of a" so that it travels through the federation like the other methods' prompts.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import ClassVar
+
+import torch
+from torch import Tensor
+
+from fedrapp_app.engine.prompts import PromptedCLIP
+from fedrapp_app.methods.base import Adaptation, LocalMethod, check_prompt, mean_entropy
+
+
+@dataclass(frozen=True)
+class ZeroShotParams:
+    """init_text: the context whose embeddings form the (unused) travelling prompt."""
+
+    init_text: str = "a photo of a"
+
+
+class ZeroShot(LocalMethod):
+    """Hard-prompt zero-shot prediction; stateless."""
+
+    name: ClassVar[str] = "zeroshot"
+
+    def __init__(self, params: ZeroShotParams | None = None) -> None:
+        self.params = params or ZeroShotParams()
+
+    def initial_prompt(self, pclip: PromptedCLIP) -> list[Tensor]:
+        return [pclip.context_from_text(self.params.init_text)]
+
+    def adapt(
+        self, pclip: PromptedCLIP, prompt: Sequence[Tensor], pixel_values: Tensor, generator: torch.Generator
+    ) -> Adaptation:
+        received = check_prompt(prompt, self.initial_prompt(pclip), self.name)
+        features = pclip.image_features(pixel_values)  # [B, E]
+        logits = pclip.logits(features, pclip.hard_prompt_features().unsqueeze(0))  # [B, C]
+        predictions = logits.argmax(-1).cpu()
+        h = mean_entropy(logits)
+        return Adaptation(received, predictions, predictions.clone(), h, h, {"updated": 0.0})

@@ -1,0 +1,59 @@
+"""Shared fixtures: a tiny random CLIP checkpoint built once per session (no download), and image helpers."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from fedrapp_app.testbed.tiny import make_tiny_clip
+
+#: Class names of the tiny checkpoint: one- to four-word names, so sequences have different lengths.
+TINY_CLASSNAMES = ("cat", "golden retriever", "red sports car", "big blue spotted whale", "tulip")
+#: A name whose words the vocabulary knows but that is longer than the tiny text encoder's 24 positions.
+LONG_CLASSNAME = " ".join(["very"] * 30) + " long name"
+
+
+@pytest.fixture(scope="session")
+def tiny_clip_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Folder with a tiny random CLIPModel + word tokenizer + image processor (32 px, text width 32)."""
+    return make_tiny_clip(tmp_path_factory.mktemp("tiny_clip"), TINY_CLASSNAMES, extra_texts=[LONG_CLASSNAME])
+
+
+@pytest.fixture(scope="session")
+def tiny_clip(tiny_clip_dir: Path):
+    """The tiny checkpoint loaded through fedrapp_app.engine.load_clip (CPU, fp32)."""
+    from fedrapp_app.engine import load_clip
+
+    return load_clip(tiny_clip_dir, device="cpu")
+
+
+@pytest.fixture(scope="session")
+def tiny_pclip(tiny_clip):
+    """PromptedCLIP over TINY_CLASSNAMES with the template "a photo of a {}."."""
+    from fedrapp_app.engine import PromptedCLIP
+
+    return PromptedCLIP(tiny_clip, TINY_CLASSNAMES, "a photo of a {}.")
+
+
+def random_images(count: int, seed: int = 0, size: tuple[int, int] = (40, 48), mode: str = "RGB") -> list[Image.Image]:
+    """``count`` seeded random-noise PIL images of ``size`` (width, height) converted to ``mode``."""
+    rng = np.random.default_rng(seed)
+    return [
+        Image.fromarray(rng.integers(0, 256, (size[1], size[0], 3), dtype=np.uint8)).convert(mode)
+        for _ in range(count)
+    ]
+
+
+@pytest.fixture
+def make_pixels(tiny_pclip) -> Callable[..., torch.Tensor]:
+    """Function (count, seed=0) -> preprocessed Tensor[count, 3, 32, 32] of random images."""
+
+    def make(count: int, seed: int = 0) -> torch.Tensor:
+        return tiny_pclip.preprocess(random_images(count, seed))
+
+    return make
