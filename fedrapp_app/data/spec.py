@@ -12,6 +12,9 @@ SOURCES = ("auto", "hf", "webdataset", "coop", "imagefolder", "testbed")
 PARTITIONS = ("iid", "dirichlet")
 #: A testbed domain entry that means "no corruption".
 CLEAN = "clean"
+#: Four shift domains (the testbed's first four default families at severity 2): with 8 clients, two
+#: clients share each domain, the setting where personalised sharing has something to find (TESTBED.md).
+DEFAULT_TESTBED_DOMAINS = "gaussian_noise:2,blur:2,contrast:2,color_cast:2"
 
 
 @dataclass(frozen=True)
@@ -36,7 +39,7 @@ class DataSpec:
     batch_size: int = 64
     max_samples_per_client: int = 0  # 0 = the whole partition
     testbed_samples: int = 5120
-    testbed_domains: str = ""  # "name:severity,..." (client i gets domain i mod D); "" or "clean" = none
+    testbed_domains: str = DEFAULT_TESTBED_DOMAINS  # "name:severity,..." (client i: domain i mod D); "clean"
     decode_workers: int = 4  # threads decoding a batch (0 = decode in the caller)
 
 
@@ -95,6 +98,25 @@ def domain_label(domain: tuple[str, int] | None) -> str:
     return CLEAN if domain is None else f"{domain[0]}:{domain[1]}"
 
 
+def check_domains(domains: tuple[tuple[str, int] | None, ...]) -> None:
+    """Raise a ``ValueError`` naming ``testbed-domains`` if a corruption or severity is unknown."""
+    named = [d for d in domains if d is not None]
+    if not named:
+        return
+    from fedrapp_app.testbed import corruptions
+
+    for name, severity in named:
+        if name not in corruptions.CORRUPTIONS:
+            raise ValueError(
+                f"testbed-domains: unknown corruption {name!r}; allowed: 'clean', "
+                + ", ".join(repr(c) for c in corruptions.CORRUPTIONS)
+            )
+        if not 1 <= severity <= corruptions.MAX_SEVERITY:
+            raise ValueError(
+                f"testbed-domains: severity {severity} of {name!r} is outside 1..{corruptions.MAX_SEVERITY}"
+            )
+
+
 def validate_spec(spec: DataSpec) -> DataSpec:
     """Check every field without touching any data; raise ``ValueError`` naming the key, value and range.
 
@@ -122,8 +144,10 @@ def validate_spec(spec: DataSpec) -> DataSpec:
     alpha = spec.dirichlet_alpha
     if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not math.isfinite(alpha) or alpha <= 0:
         raise _bad("dirichlet_alpha", alpha, "a finite number > 0 (0.1 = strong label skew, 0.5 = moderate)")
-    parse_domains(spec.testbed_domains)
+    domains = parse_domains(spec.testbed_domains)
     _check_source_fits(spec, preset.name)
+    if preset.name == "testbed":
+        check_domains(domains)
     return spec
 
 

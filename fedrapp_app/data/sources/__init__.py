@@ -12,9 +12,9 @@ from fedrapp_app.data.presets import DatasetPreset, get_preset
 from fedrapp_app.data.sources.base import ClassSubset, Source, with_preset
 from fedrapp_app.data.sources.files import coop_folder, coop_root, image_folder, is_coop_folder
 from fedrapp_app.data.sources.hf import HuggingFaceSource, has_table_files, is_saved_dataset
-from fedrapp_app.data.sources.testbed import TestbedSource, check_domains
+from fedrapp_app.data.sources.testbed import TestbedSource
 from fedrapp_app.data.sources.webdataset import WebDatasetSource, fetch_webdataset, is_webdataset
-from fedrapp_app.data.spec import DataSpec, parse_domains, validate_spec
+from fedrapp_app.data.spec import DataSpec, validate_spec
 
 __all__ = [
     "ClassSubset",
@@ -101,7 +101,6 @@ def build_source(spec: DataSpec) -> Source:
     kind, location = resolve_source(spec)
     workers = spec.decode_workers
     if kind == "testbed":
-        check_domains(parse_domains(spec.testbed_domains))
         return TestbedSource(spec.testbed_samples, spec.seed, decode_workers=workers)
     if kind == "webdataset":
         raw = _open_webdataset(spec, preset, location)

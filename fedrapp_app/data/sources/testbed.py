@@ -12,7 +12,6 @@ import numpy as np
 from PIL import Image
 
 from fedrapp_app.data.loader import parallel_map
-from fedrapp_app.data.presets import PRESETS
 from fedrapp_app.data.sources.base import Source, check_labels
 
 Domain = tuple[str, int]
@@ -20,27 +19,6 @@ Domain = tuple[str, int]
 # Separate streams of randomness drawn from the run seed (numpy SeedSequence spawn keys).
 _POOL_LABELS = 101
 _POOL_SEEDS = 102
-# Mixed into a sample's seed for its corruption, so the corruption noise is not the render's noise.
-_CORRUPTION_SALT = 0x5BD1E995
-
-
-def check_domains(domains: Sequence[Domain | None]) -> None:
-    """Raise a ``ValueError`` naming ``testbed-domains`` if a corruption or severity is unknown."""
-    named = [d for d in domains if d is not None]
-    if not named:
-        return
-    from fedrapp_app.testbed import corruptions
-
-    for name, severity in named:
-        if name not in corruptions.CORRUPTIONS:
-            raise ValueError(
-                f"testbed-domains: unknown corruption {name!r}; allowed: 'clean', "
-                + ", ".join(repr(c) for c in corruptions.CORRUPTIONS)
-            )
-        if not 1 <= severity <= corruptions.MAX_SEVERITY:
-            raise ValueError(
-                f"testbed-domains: severity {severity} of {name!r} is outside 1..{corruptions.MAX_SEVERITY}"
-            )
 
 
 class TestbedSource(Source):
@@ -52,7 +30,7 @@ class TestbedSource(Source):
         from fedrapp_app.testbed import world
 
         self.classnames = list(world.CLASSNAMES)
-        self.template = PRESETS["testbed"].template
+        self.template = world.HAND_TEMPLATE
         self.description = f"testbed pool of {num_samples} renders (seed {seed})"
         num_classes = len(self.classnames)
         # Balanced: every class appears floor or ceil(N / C) times, in a seeded order.
@@ -82,7 +60,8 @@ class TestbedSource(Source):
             from fedrapp_app.testbed import corruptions
 
             name, severity = domain
-            images = corruptions.corrupt(images, name, severity, seeds ^ _CORRUPTION_SALT)
+            # corrupt() seeds sample b from (seeds[b], corruption), independently of the batch.
+            images = corruptions.corrupt(images, name, severity, seeds)
         return np.asarray(images, dtype=np.uint8)
 
     def load(self, indices: Sequence[int] | np.ndarray, domain: Domain | None = None) -> list[Image.Image]:
