@@ -211,13 +211,13 @@ def validate_round(
     sent64 = sent_array.astype(np.float64)
     # np.where selects without arithmetic: NaN in an ignored row raises no warning and reaches nothing.
     return RoundInputs(
-        tuned=np.where(replied_array[:, None], uploads["tuned"], sent64).astype(np.float64),
+        tuned=np.where(replied_array[:, None], uploads["tuned"], sent64).astype(np.float64, copy=False),
         sent=sent64,
-        memory=memory_array.astype(np.float64),
-        h_pre=np.where(replied_array, uploads["h_pre"], 0.0).astype(np.float64),
-        h_post=np.where(replied_array, uploads["h_post"], 0.0).astype(np.float64),
+        memory=memory_array.astype(np.float64, copy=False),
+        h_pre=np.where(replied_array, uploads["h_pre"], 0.0).astype(np.float64, copy=False),
+        h_post=np.where(replied_array, uploads["h_post"], 0.0).astype(np.float64, copy=False),
         replied=replied_array.copy(),
-        num_examples=np.where(replied_array, uploads["num_examples"], 0.0).astype(np.float64),
+        num_examples=np.where(replied_array, uploads["num_examples"], 0.0).astype(np.float64, copy=False),
         sent32=sent_array.astype(np.float32, copy=False),
         memory32=memory_array.astype(np.float32, copy=False),
     )

@@ -145,17 +145,17 @@ def peer_share(
 
 
 def personalized_prompts(
-    memory: NDArray[np.float64], w: NDArray[np.float64], gamma: NDArray[np.float64]
+    memory: NDArray[np.floating], w: NDArray[np.float64], gamma: NDArray[np.float64]
 ) -> NDArray[np.float64]:
-    """Step 6: P̂ [N, d] = (1 − γ)·M + γ·(w @ M); rows with γ = 0 are M exactly (nothing is mixed)."""
-    out = memory.copy()
+    """Step 6: P̂ [N, d] = (1 − γ)·M + γ·(w @ M) in float64; rows with γ = 0 are M exactly (no mixing)."""
+    prompts = memory.astype(np.float64)  # a fresh array; mixing in float64 keeps the exactness properties
     rows = np.flatnonzero(gamma > 0)
     if rows.size:
         cols = np.flatnonzero(w[rows].any(axis=0))
-        mixed = w[np.ix_(rows, cols)] @ memory[cols]
+        mixed = w[np.ix_(rows, cols)] @ prompts[cols]
         g = gamma[rows, None]
-        out[rows] = (1.0 - g) * memory[rows] + g * mixed
-    return out
+        prompts[rows] = (1.0 - g) * prompts[rows] + g * mixed  # mixed was computed before any overwrite
+    return prompts
 
 
 def fedrapp_round(
@@ -194,7 +194,7 @@ def fedrapp_round(
     w = peer_weights(delta, delta_norm, log_rho, informative, x.replied, p.tau)
     # 6. personalized prompts, mixed from the stored (float32) memories
     gamma = peer_share(w, np.exp(log_rho), p)
-    personalized = personalized_prompts(new_memory.astype(np.float64), w, gamma)
+    personalized = personalized_prompts(new_memory, w, gamma)
     # 7. absent clients are sent again what they were sent
     return RoundOutput(
         memory=new_memory,
