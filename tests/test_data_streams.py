@@ -106,6 +106,14 @@ def test_prefetch_returns_the_same_batch(folder):
     assert pixels(fetched) == pixels(direct)
 
 
+def test_a_process_reuses_its_stream_so_a_prefetch_survives_the_round(folder):
+    s = spec(folder)
+    stream = build_client_stream(s, 0)
+    stream.prefetch(1)  # end of round 0
+    assert build_client_stream(s, 0) is stream  # round 1, same process
+    assert build_client_stream(spec(folder, batch_size=4), 0) is not stream
+
+
 def test_bad_positions_and_client_ids(folder):
     stream = build_client_stream(spec(folder), 0)
     with pytest.raises(IndexError, match="stream position"):

@@ -159,6 +159,8 @@ def client_domains(spec: DataSpec) -> list[str | None]:
 
 _PARTITIONS: OrderedDict[DataSpec, list[np.ndarray]] = OrderedDict()
 _PARTITIONS_LOCK = threading.Lock()
+_STREAMS: OrderedDict[tuple[DataSpec, int], ClientStream] = OrderedDict()
+_STREAMS_LOCK = threading.Lock()
 
 
 def _partition_key(spec: DataSpec) -> DataSpec:
@@ -183,10 +185,12 @@ def client_partitions(spec: DataSpec) -> list[np.ndarray]:
 
 
 def clear_caches() -> None:
-    """Forget cached sources and partitions (tests; or after the data on disk changed)."""
+    """Forget cached sources, partitions and streams (tests; or after the data on disk changed)."""
     clear_source_cache()
     with _PARTITIONS_LOCK:
         _PARTITIONS.clear()
+    with _STREAMS_LOCK:
+        _STREAMS.clear()
 
 
 def stream_order(partition: np.ndarray, seed: int, client_id: int) -> np.ndarray:
@@ -199,7 +203,9 @@ def build_client_stream(spec: DataSpec, client_id: int) -> ClientStream:
     """The test stream of client ``client_id``: deterministic from ``spec.seed``.
 
     Opens the source (cached per process), partitions its labels (cached), orders this client's part and
-    truncates it to ``max_samples_per_client``; images are read only when a batch is asked for.
+    truncates it to ``max_samples_per_client``; images are read only when a batch is asked for. The same
+    stream object comes back for the same (spec, client id) in a process, so a batch prefetched in one
+    round (``stream.prefetch(position + 1)``) is ready in the next.
     """
     validate_spec(spec)
     if (
@@ -208,7 +214,20 @@ def build_client_stream(spec: DataSpec, client_id: int) -> ClientStream:
         or not (0 <= client_id < spec.num_clients)
     ):
         raise ValueError(f"client id {client_id!r} is outside 0..num-clients-1 (num-clients={spec.num_clients})")
-    client_id = int(client_id)
+    key = (spec, int(client_id))
+    with _STREAMS_LOCK:
+        if key in _STREAMS:
+            _STREAMS.move_to_end(key)
+            return _STREAMS[key]
+    stream = _new_stream(spec, int(client_id))
+    with _STREAMS_LOCK:
+        stream = _STREAMS.setdefault(key, stream)
+        while len(_STREAMS) > 256:
+            _STREAMS.popitem(last=False)
+    return stream
+
+
+def _new_stream(spec: DataSpec, client_id: int) -> ClientStream:
     domains = parse_domains(spec.testbed_domains) if get_preset(spec.dataset).name == "testbed" else ()
     source = cached_source(spec)
     order = stream_order(client_partitions(spec)[client_id], spec.seed, client_id)

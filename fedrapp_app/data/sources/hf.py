@@ -93,7 +93,7 @@ class HuggingFaceSource(Source):
         import datasets
 
         self.description = f"Hugging Face dataset {repo} (split {split})"
-        table = _open(repo, split, self.description)
+        table = _open(repo, split, f"{repo} ({split} split)")
         features = table.features
         image_col = _pick_column(features, image_column, datasets.Image, "image", "image", self.description)
         label_col = _pick_column(features, label_column, datasets.ClassLabel, "label", "label", self.description)
