@@ -1,0 +1,181 @@
+"""ClientApp: each round, adapt the received prompt on the next batch of this client's stream and reply.
+
+State that survives between rounds lives in ``context.state`` (the stream position and the local method's
+state: AdaPrompt's buffer, optimizer moments, step counters), because the process that serves a node may
+change between rounds. The frozen model and the class-name buffers are cached per process (keyed by what
+determines them), the streams by the data layer: in simulation one process serves many nodes in turn.
+
+Labels are read in exactly one place, ``_score``, to count correct predictions for the report.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+from flwr.app import ConfigRecord, Context, Message, MetricRecord, RecordDict
+from flwr.clientapp import ClientApp
+
+from fedrapp_app.config import RunConfig
+from fedrapp_app.data import ClientStream, build_client_stream
+from fedrapp_app.engine import PromptedCLIP, load_clip
+from fedrapp_app.methods import LocalMethod, make_method
+from fedrapp_app.records import (
+    CONFIG,
+    INFO,
+    METRICS,
+    PROMPT,
+    arrays_to_record,
+    prompt_to_record,
+    record_to_arrays,
+    record_to_prompt,
+)
+
+STREAM_STATE = "fedrapp-stream"
+METHOD_STATE = "fedrapp-method"
+
+_CLIPS: dict[tuple, Any] = {}
+_PROMPTED: dict[tuple, PromptedCLIP] = {}
+
+
+def client_id_of(node_config: Mapping[str, Any], num_clients: int) -> int:
+    """The stable client id: ``client-id`` from a SuperNode's node config, else the simulation's partition-id."""
+    if "client-id" in node_config:
+        client, source = int(node_config["client-id"]), "client-id in the SuperNode's --node-config"
+    elif "partition-id" in node_config:
+        client, source = int(node_config["partition-id"]), "partition-id of the simulation"
+        parts = node_config.get("num-partitions")
+        if parts is not None and int(parts) != num_clients:
+            raise ValueError(
+                f"the simulation runs {parts} SuperNodes but num-clients = {num_clients}: run with "
+                f'--federation-config "num-supernodes={num_clients}" or set -c "num-clients={parts}"'
+            )
+    else:
+        raise ValueError("this node has no client id: start the SuperNode with --node-config \"client-id=<i>\"")
+    if not 0 <= client < num_clients:
+        raise ValueError(f"client id {client} ({source}) is outside 0..{num_clients - 1} (num-clients)")
+    return client
+
+
+@dataclass
+class ClientSetup:
+    """Everything a round needs, built from the run config and the node config (cached parts reused)."""
+
+    config: RunConfig
+    client_id: int
+    stream: ClientStream
+    loaded_model: bool  # this call loaded the frozen model (first use in this process)
+
+    def prompted(self) -> PromptedCLIP:
+        """The frozen CLIP with this dataset's class names (loaded once per process)."""
+        v = self.config
+        clip_key = (v["model"], v["device"], v["precision"])
+        if clip_key not in _CLIPS:
+            _CLIPS[clip_key] = load_clip(str(v["model"]), device=str(v["device"]), precision=str(v["precision"]))
+            self.loaded_model = True
+        key = (*clip_key, tuple(self.stream.classnames), self.stream.template)
+        if key not in _PROMPTED:
+            _PROMPTED[key] = PromptedCLIP(_CLIPS[clip_key], list(self.stream.classnames), self.stream.template)
+        return _PROMPTED[key]
+
+    def method(self, context: Context) -> LocalMethod:
+        """The local method, with its persistent state restored from ``context.state``."""
+        name, params = self.config.method_params()
+        method = make_method(name, params)
+        if METHOD_STATE in context.state:
+            method.load_state_dict(record_to_arrays(context.state[METHOD_STATE]))
+        return method
+
+
+def setup(context: Context) -> ClientSetup:
+    """Validate the run config, find this client's id and its stream (cached per process)."""
+    config = RunConfig.from_run_config(context.run_config)
+    client = client_id_of(context.node_config, int(config["num-clients"]))
+    overrides = {"data_dir": str(context.node_config["data-dir"])} if "data-dir" in context.node_config else {}
+    stream = build_client_stream(config.data_spec(**overrides), client)  # cached by the data layer
+    return ClientSetup(config, client, stream, loaded_model=False)
+
+
+def stream_position(context: Context) -> int:
+    """How many batches of its stream this client has already processed."""
+    return int(context.state[STREAM_STATE]["position"]) if STREAM_STATE in context.state else 0
+
+
+def step_generator(seed: int, client: int, position: int) -> torch.Generator:
+    """The round's random generator (augmentations): a function of (seed, client, position) only."""
+    state = np.random.SeedSequence([seed, client, position]).generate_state(2, dtype=np.uint64)
+    return torch.Generator().manual_seed(int(state[0] % (2**63)))
+
+
+def _score(predictions: torch.Tensor, labels: np.ndarray) -> int:
+    """Number of correct predictions (the only use of labels on a client)."""
+    return int((predictions.cpu().numpy() == labels).sum())
+
+
+app = ClientApp()
+
+
+@app.query()
+def query(msg: Message, context: Context) -> Message:
+    """Discovery: report the client id, the stream's size and position, and the initial prompt P0."""
+    client = setup(context)
+    p0 = client.method(context).initial_prompt(client.prompted())
+    info = ConfigRecord({"client-id": client.client_id, "num-batches": client.stream.num_batches,
+                         "position": stream_position(context), "num-samples": client.stream.num_samples})
+    return Message(RecordDict({INFO: info, PROMPT: prompt_to_record([b.detach().cpu() for b in p0])}),
+                   reply_to=msg)
+
+
+@app.train()
+def train(msg: Message, context: Context) -> Message:
+    """Adapt the received prompt on the next batch, predict, and reply with P~, H_pre, H_post and metrics."""
+    t_start = time.perf_counter()
+    client = setup(context)
+    position = stream_position(context)
+    if position >= client.stream.num_batches:
+        return Message(RecordDict({METRICS: MetricRecord({"client-id": client.client_id, "exhausted": 1})}),
+                       reply_to=msg)
+    pclip = client.prompted()
+    method = client.method(context)
+    t_model = time.perf_counter()
+
+    batch = client.stream.batch(position)
+    pixel_values = pclip.preprocess(batch.images)
+    t_data = time.perf_counter()
+
+    prompt = [torch.from_numpy(np.array(b)) for b in record_to_prompt(msg.content[PROMPT])]
+    seed = int(client.config["seed"])
+    result = method.adapt(pclip, prompt, pixel_values, step_generator(seed, client.client_id, position))
+    t_adapt = time.perf_counter()
+
+    context.state[METHOD_STATE] = arrays_to_record(method.state_dict())
+    context.state[STREAM_STATE] = ConfigRecord({"position": position + 1})
+    n = len(batch.labels)
+    metrics = {
+        "client-id": client.client_id,
+        "h-pre": float(result.h_pre),
+        "h-post": float(result.h_post),
+        "num-examples": n,
+        "remaining-batches": client.stream.num_batches - position - 1,
+        "stream-position": position,
+        "correct": _score(result.predictions, batch.labels),
+        "correct-before": _score(result.predictions_before, batch.labels),
+        "model-loaded": int(client.loaded_model),
+        "t-setup": t_model - t_start,
+        "t-data": t_data - t_model,
+        "t-adapt": t_adapt - t_data,
+        "t-total": time.perf_counter() - t_start,
+        "pid": os.getpid(),
+        **{f"stat-{k}": float(v) for k, v in result.stats.items()},
+    }
+    reply = RecordDict({PROMPT: prompt_to_record([b.detach().cpu() for b in result.prompt]),
+                        METRICS: MetricRecord(metrics)})
+    return Message(reply, reply_to=msg)
+
+
+__all__ = ["app", "client_id_of", "setup", "step_generator", "CONFIG"]

@@ -1,0 +1,257 @@
+"""The run configuration: every knob as a kebab-case key, validated before any model or data is loaded.
+
+``pyproject.toml``'s ``[tool.flwr.app.config]`` holds the same keys and defaults (a test checks that they
+agree); ``flwr run . -c "k=v"`` or ``-c file.toml`` overrides them. ``validate(run_config)`` returns a
+``RunConfig`` or raises ``ConfigError`` listing every bad key with its value and what is allowed.
+"""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from fedrapp_app.data.spec import DataSpec
+
+Scalar = bool | int | float | str
+
+
+class ConfigError(ValueError):
+    """A run-config value is unknown, of the wrong type, out of range or contradicts another one."""
+
+
+@dataclass(frozen=True)
+class Key:
+    """One run-config key: its default (which also fixes its type), its allowed values, its meaning."""
+
+    name: str
+    default: Scalar
+    help: str
+    choices: tuple[str, ...] | None = None
+    minimum: float | None = None
+    maximum: float | None = None
+    exclusive_minimum: bool = False
+
+    def check(self, value: Any) -> str | None:
+        """Return why ``value`` is not allowed for this key, or None when it is."""
+        kind = type(self.default)
+        if kind is float and isinstance(value, int) and not isinstance(value, bool):
+            value = float(value)
+        if type(value) is not kind:
+            return f"must be a {kind.__name__}, got {type(value).__name__} {value!r}"
+        if self.choices is not None and value not in self.choices:
+            return f"must be one of {', '.join(map(repr, self.choices))}"
+        if self.minimum is not None:
+            if self.exclusive_minimum and not value > self.minimum:
+                return f"must be > {self.minimum}"
+            if not self.exclusive_minimum and not value >= self.minimum:
+                return f"must be >= {self.minimum}"
+        if self.maximum is not None and not value <= self.maximum:
+            return f"must be <= {self.maximum}"
+        return None
+
+    def allowed(self) -> str:
+        """Human-readable description of the allowed values."""
+        if self.choices is not None:
+            return "one of " + ", ".join(map(repr, self.choices))
+        lo = "" if self.minimum is None else f"{'>' if self.exclusive_minimum else '>='} {self.minimum}"
+        hi = "" if self.maximum is None else f"<= {self.maximum}"
+        bounds = " and ".join(b for b in (lo, hi) if b)
+        return f"a {type(self.default).__name__}" + (f" {bounds}" if bounds else "")
+
+
+STRATEGIES = ("fedrapp", "none-fed", "fedavg", "fedamp", "fedamp-cos")
+LOCAL_METHODS = ("adaprompt", "tpt", "tpt-online", "zeroshot")
+_DATA = DataSpec()  # the data layer owns its defaults
+
+KEYS: tuple[Key, ...] = (
+    # --- experiment -------------------------------------------------------------------------------
+    Key("seed", 0, "drives partitions, stream order, augmentations, initialisations, client sampling", minimum=0),
+    Key("strategy", "fedrapp", "server rule", choices=STRATEGIES),
+    Key("local-method", "adaprompt", "client test-time method", choices=LOCAL_METHODS),
+    Key("model", "testbed", "CLIP checkpoint: 'testbed' (shipped), a local folder or a Hugging Face Hub id"),
+    Key("device", "auto", "'auto' (CUDA when present), 'cpu', 'cuda' or 'cuda:N'"),
+    Key("precision", "fp32", "compute precision (bf16/fp16 autocast on GPU)", choices=("fp32", "bf16", "fp16")),
+    Key("num-rounds", 0, "rounds to run; 0 = until every client's stream has ended", minimum=0),
+    Key("output-dir", "outputs", "folder for results (a relative path is resolved where the run starts)"),
+    Key("run-name", "", "name of the results folder inside output-dir; '' = derived from the config"),
+    # --- federation -------------------------------------------------------------------------------
+    Key("num-clients", 8, "number of clients (= data partitions)", minimum=1),
+    Key("fraction", 1.0, "share of the available clients sampled each round", minimum=0.0,
+        exclusive_minimum=True, maximum=1.0),
+    Key("min-nodes", 0, "nodes to wait for before round 1; 0 = num-clients", minimum=0),
+    Key("node-wait-timeout", 300.0, "seconds to wait for min-nodes nodes", minimum=0.0, exclusive_minimum=True),
+    Key("round-timeout", 900.0, "seconds to wait for the replies of a round", minimum=0.0, exclusive_minimum=True),
+    # --- data -------------------------------------------------------------------------------------
+    Key("dataset", "testbed", "'testbed' or a dataset preset (see docs/datasets.md)"),
+    Key("data-source", "auto", "where the dataset comes from",
+        choices=("auto", "hf", "webdataset", "coop", "imagefolder", "testbed")),
+    Key("data-dir", "", "local folder of a webdataset, CoOp or image-folder dataset"),
+    Key("hf-repo", "", "Hugging Face dataset repo id ('' = the preset's default)"),
+    Key("hf-split", "test", "split of the Hugging Face dataset"),
+    Key("hf-image-column", _DATA.hf_image_column, "image column ('auto' = the first Image column)"),
+    Key("hf-label-column", _DATA.hf_label_column, "label column ('auto' = the first ClassLabel column)"),
+    Key("partition", "dirichlet", "how test samples are split over clients", choices=("iid", "dirichlet")),
+    Key("dirichlet-alpha", 0.1, "Dirichlet concentration of the label skew (smaller = more skew)",
+        minimum=0.0, exclusive_minimum=True),
+    Key("min-partition-size", 10, "smallest partition a Dirichlet draw may give a client", minimum=0),
+    Key("batch-size", 64, "test samples per client per round", minimum=1),
+    Key("max-samples-per-client", 0, "cap on each client's stream; 0 = all", minimum=0),
+    Key("testbed-samples", _DATA.testbed_samples, "size of the testbed's test pool (all clients together)", minimum=1),
+    Key("testbed-domains", _DATA.testbed_domains,
+        "testbed shift domains 'name:severity,...'; client i gets domain i mod D ('clean' = none)"),
+    Key("decode-workers", _DATA.decode_workers, "threads decoding images of a batch (0 = in the caller)", minimum=0),
+    # --- local methods ----------------------------------------------------------------------------
+    Key("adaprompt-lr", 5e-3, "AdaPrompt AdamW learning rate", minimum=0.0, exclusive_minimum=True),
+    Key("adaprompt-threshold", 0.7, "AdaPrompt confidence threshold of the buffer", minimum=0.0, maximum=1.0),
+    Key("adaprompt-buffer-size", 64, "AdaPrompt class-balanced buffer size", minimum=1),
+    Key("adaprompt-double-softmax", True, "AdaPrompt reference loss (softmax before cross-entropy)"),
+    Key("tpt-lr", 5e-3, "TPT AdamW learning rate", minimum=0.0, exclusive_minimum=True),
+    Key("tpt-views", 63, "TPT augmented views per image (plus the original)", minimum=1),
+    Key("tpt-keep-ratio", 0.1, "TPT share of lowest-entropy views kept", minimum=0.0, exclusive_minimum=True,
+        maximum=1.0),
+    Key("tpt-augmix", False, "TPT: AugMix views instead of random resized crop + flip"),
+    # --- FedRAPP (SPEC §4) and FedAMP (SPEC §5) ---------------------------------------------------
+    Key("lambda-drop", 1.0, "FedRAPP weight of the entropy drop H_pre - H_post in the reliability", minimum=0.0),
+    Key("lambda-ent", 0.5, "FedRAPP weight of the post-adaptation entropy in the reliability", minimum=0.0),
+    Key("lambda-drift", 0.5, "FedRAPP weight of the prompt drift in the reliability", minimum=0.0),
+    Key("mu0", 0.5, "FedRAPP base memory rate", minimum=0.0, maximum=1.0),
+    Key("eta", 0.15, "FedRAPP reliability slope of the memory rate", minimum=0.0),
+    Key("tau", 0.2, "FedRAPP temperature of the peer weights", minimum=0.0, exclusive_minimum=True),
+    Key("gamma0", 0.3, "FedRAPP base share of the peers in the personalized prompt", minimum=0.0, maximum=1.0),
+    Key("gamma-max", 0.8, "FedRAPP cap of the peers' share", minimum=0.0, maximum=1.0),
+    Key("fedamp-sigma", 1.0, "FedAMP kernel scale sigma of exp(-||Pi - Pj||^2 / sigma)", minimum=0.0,
+        exclusive_minimum=True),
+    Key("fedamp-self-min", 0.1, "FedAMP smallest self weight xi_ii", minimum=0.0, maximum=1.0),
+    Key("fedamp-cos-sigma", 10.0, "HeurFedAMP (fedamp-cos) sharpness of exp(sigma * cos)", minimum=0.0,
+        exclusive_minimum=True),
+    Key("fedamp-cos-self-weight", 0.5, "HeurFedAMP (fedamp-cos) fixed self weight xi_ii", minimum=0.0,
+        maximum=1.0),
+)
+
+KEY_BY_NAME: dict[str, Key] = {k.name: k for k in KEYS}
+DEFAULTS: dict[str, Scalar] = {k.name: k.default for k in KEYS}
+
+
+def _problem(key: str, value: Any, why: str) -> str:
+    return f"  {key} = {value!r}: {why} (fix: -c \"{key}=<value>\" or edit [tool.flwr.app.config])"
+
+
+def check_values(run_config: Mapping[str, Any]) -> dict[str, Scalar]:
+    """Defaults overlaid with ``run_config``; raise ``ConfigError`` naming every unknown or bad key."""
+    problems = []
+    for name, value in run_config.items():
+        key = KEY_BY_NAME.get(name)
+        if key is None:
+            close = difflib.get_close_matches(name, KEY_BY_NAME, n=1)
+            hint = f"did you mean {close[0]!r}?" if close else "see the README's configuration table"
+            problems.append(f"  {name} = {value!r}: unknown key ({hint})")
+            continue
+        why = key.check(value)
+        if why:
+            problems.append(_problem(name, value, why))
+    if problems:
+        raise ConfigError("invalid run config:\n" + "\n".join(problems))
+    values = dict(DEFAULTS)
+    for name, value in run_config.items():
+        values[name] = float(value) if isinstance(KEY_BY_NAME[name].default, float) else value
+    _check_combinations(values)
+    return values
+
+
+def _check_combinations(v: Mapping[str, Scalar]) -> None:
+    """Contradictions between keys that each look fine alone."""
+    problems = []
+    if v["min-nodes"] > v["num-clients"]:
+        problems.append(_problem("min-nodes", v["min-nodes"], f"cannot exceed num-clients = {v['num-clients']}"))
+    if v["gamma0"] > v["gamma-max"]:
+        problems.append(_problem("gamma0", v["gamma0"], f"cannot exceed gamma-max = {v['gamma-max']}"))
+    if v["model"] == "testbed" and v["dataset"] != "testbed":
+        problems.append(_problem(
+            "model", v["model"],
+            f"the testbed CLIP only knows the testbed world's words, not dataset {v['dataset']!r}; "
+            "use a real CLIP such as model=\"openai/clip-vit-base-patch16\"",
+        ))
+    device = str(v["device"])
+    if not (device in ("auto", "cpu", "cuda") or (device.startswith("cuda:") and device[5:].isdigit())):
+        problems.append(_problem("device", device, "must be 'auto', 'cpu', 'cuda' or 'cuda:N'"))
+    if problems:
+        raise ConfigError("invalid run config:\n" + "\n".join(problems))
+
+
+#: Run-config keys of each local method's hyperparameters -> the method's parameter names.
+METHOD_KEYS: dict[str, dict[str, str]] = {
+    "adaprompt": {"adaprompt-lr": "lr", "adaprompt-threshold": "threshold",
+                  "adaprompt-buffer-size": "buffer_size", "adaprompt-double-softmax": "double_softmax"},
+    "tpt": {"tpt-lr": "lr", "tpt-views": "n_views", "tpt-keep-ratio": "keep_ratio", "tpt-augmix": "augmix"},
+    "zeroshot": {},
+}
+METHOD_KEYS["tpt-online"] = METHOD_KEYS["tpt"]
+
+#: Run-config keys of each server rule's hyperparameters -> the rule's parameter names.
+RULE_KEYS: dict[str, dict[str, str]] = {
+    "fedrapp": {"lambda-drop": "lambda_drop", "lambda-ent": "lambda_ent", "lambda-drift": "lambda_drift",
+                "mu0": "mu0", "eta": "eta", "tau": "tau", "gamma0": "gamma0", "gamma-max": "gamma_max"},
+    "none-fed": {},
+    "fedavg": {},
+    "fedamp": {"fedamp-sigma": "sigma", "fedamp-self-min": "min_self_weight"},
+    "fedamp-cos": {"fedamp-cos-sigma": "sigma", "fedamp-cos-self-weight": "self_weight"},
+}
+
+#: Run-config keys of the data layer -> DataSpec fields.
+DATA_KEYS: dict[str, str] = {
+    "dataset": "dataset", "data-source": "source", "data-dir": "data_dir", "hf-repo": "hf_repo",
+    "hf-split": "hf_split", "hf-image-column": "hf_image_column", "hf-label-column": "hf_label_column",
+    "num-clients": "num_clients", "partition": "partition", "dirichlet-alpha": "dirichlet_alpha",
+    "min-partition-size": "min_partition_size", "seed": "seed", "batch-size": "batch_size",
+    "max-samples-per-client": "max_samples_per_client", "testbed-samples": "testbed_samples",
+    "testbed-domains": "testbed_domains", "decode-workers": "decode_workers",
+}
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """A validated run config: ``values`` maps every key (kebab-case) to its value, defaults included."""
+
+    values: dict[str, Scalar]
+
+    @classmethod
+    def from_run_config(cls, run_config: Mapping[str, Any]) -> RunConfig:
+        """Validate Flower's ``context.run_config`` (or any mapping of overrides); raise ``ConfigError``."""
+        values = check_values(run_config)
+        config = cls(values)
+        config.data_spec()  # the data layer checks its own combinations (domains, sources) here, cheaply
+        return config
+
+    def __getitem__(self, key: str) -> Scalar:
+        return self.values[key]
+
+    def method_params(self) -> tuple[str, dict[str, Scalar]]:
+        """Name and hyperparameters of the local method."""
+        name = str(self.values["local-method"])
+        return name, {param: self.values[key] for key, param in METHOD_KEYS[name].items()}
+
+    def rule_params(self) -> tuple[str, dict[str, Scalar]]:
+        """Name and hyperparameters of the server rule."""
+        name = str(self.values["strategy"])
+        return name, {param: self.values[key] for key, param in RULE_KEYS[name].items()}
+
+    def data_spec(self, **overrides: Scalar):
+        """The data layer's spec (``fedrapp_app.data.DataSpec``), validated; ``overrides`` by field name."""
+        from fedrapp_app.data import DataSpec, validate_spec
+
+        spec = DataSpec(**{field: self.values[key] for key, field in DATA_KEYS.items()}, **overrides)
+        try:
+            validate_spec(spec)
+        except ValueError as err:
+            raise ConfigError(f"invalid run config:\n  {err}") from err
+        return spec
+
+    def run_name(self) -> str:
+        """The results folder's name: ``run-name`` or one derived from the main choices."""
+        if self.values["run-name"]:
+            return str(self.values["run-name"])
+        v = self.values
+        model = str(v["model"]).rstrip("/").split("/")[-1]
+        return f"{v['dataset']}-{model}-{v['local-method']}-{v['strategy']}-seed{v['seed']}"

@@ -1,0 +1,132 @@
+"""What travels between server and clients, and the checks every client reply must pass.
+
+A prompt is a list of K context blocks; on the wire it is one ``ArrayRecord`` with arrays ``block-0`` …
+``block-{K-1}`` (float32); the server works on the flattened float32 vector. A client's train reply is
+``{"prompt": ArrayRecord, "metrics": MetricRecord}``; its metrics carry what the server rule may read
+(``client-id``, ``h-pre``, ``h-post``, ``num-examples``) and reporting values that only the results
+recorder reads (accuracy counts, timings).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+from flwr.app import Array, ArrayRecord, RecordDict
+
+PROMPT = "prompt"
+METRICS = "metrics"
+CONFIG = "config"
+INFO = "info"
+
+#: Metrics the server rule reads; everything else in a reply's metrics is for reporting only.
+RULE_METRICS = ("client-id", "h-pre", "h-post", "num-examples")
+
+
+def prompt_to_record(blocks: Sequence[np.ndarray]) -> ArrayRecord:
+    """K blocks (any float dtype, torch or numpy) -> ArrayRecord of float32 arrays ``block-k``."""
+    return ArrayRecord({f"block-{k}": Array(np.asarray(b, dtype=np.float32)) for k, b in enumerate(blocks)})
+
+
+def record_to_prompt(record: ArrayRecord) -> list[np.ndarray]:
+    """ArrayRecord ``block-0..K-1`` -> list of K numpy blocks, in order."""
+    return [record[f"block-{k}"].numpy() for k in range(len(record))]
+
+
+def arrays_to_record(arrays: Mapping[str, np.ndarray]) -> ArrayRecord:
+    """A dict of numpy arrays (a method's persistent state) -> ArrayRecord, bit-exact."""
+    return ArrayRecord({name: Array(np.asarray(a)) for name, a in arrays.items()})
+
+
+def record_to_arrays(record: ArrayRecord) -> dict[str, np.ndarray]:
+    """Inverse of ``arrays_to_record``."""
+    return {name: arr.numpy() for name, arr in record.items()}
+
+
+def flatten(blocks: Sequence[np.ndarray]) -> np.ndarray:
+    """K blocks -> one float32 vector [d], d = sum of the block sizes."""
+    return np.concatenate([np.asarray(b, dtype=np.float32).ravel() for b in blocks])
+
+
+def unflatten(vector: np.ndarray, shapes: Sequence[tuple[int, ...]]) -> list[np.ndarray]:
+    """Float vector [d] -> K float32 blocks of the given shapes."""
+    sizes = [math.prod(s) for s in shapes]
+    if vector.shape != (sum(sizes),):
+        raise ValueError(f"prompt vector of shape {vector.shape} does not fit blocks {list(shapes)}")
+    parts = np.split(np.asarray(vector, dtype=np.float32), np.cumsum(sizes)[:-1])
+    return [p.reshape(s) for p, s in zip(parts, shapes, strict=True)]
+
+
+@dataclass(frozen=True)
+class Upload:
+    """A validated train reply: what the server rule may use, plus the reporting metrics."""
+
+    client_id: int
+    prompt: np.ndarray  # [d] float32, finite
+    h_pre: float
+    h_post: float
+    num_examples: int
+    report: dict[str, float | int | list]
+
+
+class RejectedReply(ValueError):
+    """A reply that fails validation; its message says why. The round goes on without it."""
+
+
+def _finite_number(metrics: Mapping, key: str) -> float:
+    value = metrics[key]
+    if isinstance(value, list) or not math.isfinite(float(value)):
+        raise RejectedReply(f"metric {key!r} is not a finite number ({value!r})")
+    return float(value)
+
+
+def parse_train_reply(
+    content: RecordDict,
+    expected_client: int,
+    shapes: Sequence[tuple[int, ...]],
+    max_norm: float,
+) -> Upload:
+    """Validate a train reply's content; raise ``RejectedReply`` with the reason when it is malformed.
+
+    Checks: the record names, the reported client id (must be the one the message was sent to), the
+    required metrics (finite, entropies >= 0, a positive example count), the number, names, shapes and
+    dtype (float32) of the prompt blocks, finite values and a norm below ``max_norm``.
+    """
+    if METRICS not in content.metric_records:
+        raise RejectedReply(f"no MetricRecord {METRICS!r} in the reply")
+    metrics = content.metric_records[METRICS]
+    missing = [k for k in RULE_METRICS if k not in metrics]
+    if missing:
+        raise RejectedReply(f"missing metrics {missing}")
+    client = _finite_number(metrics, "client-id")
+    if client != expected_client:
+        raise RejectedReply(f"reports client-id {client:g}, but the message went to client {expected_client}")
+    h_pre, h_post = _finite_number(metrics, "h-pre"), _finite_number(metrics, "h-post")
+    if h_pre < 0 or h_post < 0:
+        raise RejectedReply(f"negative entropy (h-pre={h_pre}, h-post={h_post})")
+    num_examples = _finite_number(metrics, "num-examples")
+    if num_examples < 1 or num_examples != int(num_examples):
+        raise RejectedReply(f"num-examples must be a positive integer, got {num_examples}")
+
+    if PROMPT not in content.array_records:
+        raise RejectedReply(f"no ArrayRecord {PROMPT!r} in the reply")
+    record = content.array_records[PROMPT]
+    expected_names = [f"block-{k}" for k in range(len(shapes))]
+    if list(record.keys()) != expected_names:
+        raise RejectedReply(f"prompt arrays {list(record.keys())}, expected {expected_names}")
+    blocks = []
+    for name, shape in zip(expected_names, shapes, strict=True):
+        array = record[name]
+        if array.dtype != "float32" or tuple(array.shape) != tuple(shape):
+            raise RejectedReply(f"{name} is {array.dtype}{list(array.shape)}, expected float32{list(shape)}")
+        blocks.append(array.numpy())
+    vector = flatten(blocks)
+    if not np.isfinite(vector).all():
+        raise RejectedReply("prompt holds NaN or Inf")
+    norm = float(np.linalg.norm(vector))
+    if norm > max_norm:
+        raise RejectedReply(f"prompt norm {norm:.3g} exceeds the limit {max_norm:.3g}")
+    report = {k: v for k, v in metrics.items() if k not in RULE_METRICS}
+    return Upload(int(client), vector, h_pre, h_post, int(num_examples), report)

@@ -1,0 +1,309 @@
+"""Flower strategy: one personalized prompt per client per round, aggregated by a pure server rule.
+
+Client contract (what the ClientApp must honour):
+- ``query`` message: reply ``{"info": ConfigRecord(client-id, num-batches, position), "prompt": P0}``;
+- ``train`` message ``{"prompt": P, "config": {server-round, client-id}}``: adapt from P on the next batch
+  of the stream and reply ``{"prompt": P~, "metrics": {client-id, h-pre, h-post, num-examples,
+  remaining-batches, ...reporting}}``, or ``{"metrics": {client-id, exhausted: 1}}`` when the stream ended.
+
+Server memory is keyed on the client id a client reports (its data partition), never on Flower's node id,
+which changes whenever a SuperNode restarts.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+import numpy as np
+from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
+from flwr.serverapp import Grid
+from flwr.serverapp.strategy import Strategy
+
+from fedrapp_app.aggregation import make_rule
+from fedrapp_app.aggregation.common import RoundOutput
+from fedrapp_app.records import (
+    CONFIG,
+    INFO,
+    METRICS,
+    PROMPT,
+    RejectedReply,
+    Upload,
+    flatten,
+    parse_train_reply,
+    prompt_to_record,
+    record_to_prompt,
+    unflatten,
+)
+
+log = logging.getLogger("flwr.fedrapp.strategy")
+
+
+@dataclass
+class ServerState:
+    """Everything the server carries from one round to the next (what a checkpoint saves).
+
+    ``memory`` and ``sent`` are [N, d] float32 (N = num-clients, d = flattened prompt size); ``sent[i]`` is
+    exactly the prompt client i starts its next round from.
+    """
+
+    memory: np.ndarray
+    sent: np.ndarray
+    exhausted: np.ndarray  # [N] bool: the client's stream has ended
+    round: int = 0
+    rng: np.random.Generator = field(default_factory=np.random.default_rng)
+
+    @classmethod
+    def initial(cls, p0: np.ndarray, num_clients: int, seed: int) -> ServerState:
+        """Every client starts from the same initial prompt P0 [d]."""
+        tiled = np.tile(p0.astype(np.float32), (num_clients, 1))
+        return cls(tiled.copy(), tiled.copy(), np.zeros(num_clients, bool), 0, np.random.default_rng(seed))
+
+
+@dataclass
+class ClientRow:
+    """One client's outcome in one round, as the results recorder writes it."""
+
+    client_id: int
+    node_id: int
+    status: str  # "ok" | "failed" | "rejected" | "exhausted" | "missing"
+    reason: str = ""
+    upload: Upload | None = None
+
+
+@dataclass
+class RoundReport:
+    """What happened in a round: the sampled clients' rows and the rule's diagnostics."""
+
+    round: int
+    rows: list[ClientRow]
+    output: RoundOutput | None
+    seconds: float
+    aggregate_seconds: float
+
+
+class PersonalizedPromptStrategy(Strategy):
+    """Personalized prompt exchange around one server rule (fedrapp, none-fed, fedavg, fedamp, fedamp-cos).
+
+    Parameters
+    ----------
+    rule, rule_params : name and hyperparameters of the server rule (``fedrapp_app.aggregation``).
+    num_clients : clients of the federation; client ids are 0 .. num_clients - 1.
+    fraction : share of the available (discovered, not exhausted) clients sampled each round.
+    min_nodes : nodes to wait for before the first round (0 = num_clients).
+    node_wait_timeout : seconds to wait for them; the run goes on with the nodes that came.
+    seed : seeds the client sampling.
+    max_norm_ratio : an upload whose norm exceeds this multiple of ||P0|| is rejected.
+    """
+
+    def __init__(
+        self,
+        rule: str,
+        rule_params: dict,
+        num_clients: int,
+        fraction: float = 1.0,
+        min_nodes: int = 0,
+        node_wait_timeout: float = 300.0,
+        seed: int = 0,
+        max_norm_ratio: float = 100.0,
+    ) -> None:
+        self.rule_name = rule
+        self.rule = make_rule(rule, rule_params)
+        self.num_clients = num_clients
+        self.fraction = fraction
+        self.min_nodes = min_nodes or num_clients
+        self.node_wait_timeout = node_wait_timeout
+        self.seed = seed
+        self.max_norm_ratio = max_norm_ratio
+        self.node_of: dict[int, int] = {}  # client id -> node id
+        self.shapes: list[tuple[int, ...]] | None = None
+        self.p0: np.ndarray | None = None
+        self.state: ServerState | None = None
+        self.last_report: RoundReport | None = None
+        self._pending: dict[str, tuple[int, int]] = {}  # message id -> (client id, node id)
+        self._round_start = 0.0
+
+    # ---------------------------------------------------------------- discovery
+    @property
+    def finished(self) -> bool:
+        """True once every known client's stream has ended."""
+        return self.state is not None and len(self.node_of) > 0 and bool(
+            self.state.exhausted[list(self.node_of)].all()
+        )
+
+    def connect(self, grid: Grid) -> None:
+        """Wait (bounded) for ``min_nodes`` nodes, then learn their client ids and the initial prompt."""
+        deadline = time.monotonic() + self.node_wait_timeout
+        while True:
+            node_ids = sorted(grid.get_node_ids())
+            if len(node_ids) >= self.min_nodes or time.monotonic() > deadline:
+                break
+            log.info("waiting for nodes: %d/%d connected", len(node_ids), self.min_nodes)
+            time.sleep(1.0)
+        self.discover(grid)
+        if self.state is None:
+            raise RuntimeError(
+                f"no client answered within node-wait-timeout={self.node_wait_timeout:g}s "
+                f"({len(list(grid.get_node_ids()))} node(s) connected): check that the SuperNodes run and "
+                "that their ClientApp starts (see their logs)"
+            )
+        if len(self.node_of) < self.min_nodes:
+            log.warning("starting with %d of %d expected clients", len(self.node_of), self.min_nodes)
+
+    def discover(self, grid: Grid) -> None:
+        """Ask nodes not yet mapped for their client id, stream size and initial prompt (a ``query``)."""
+        known_nodes = set(self.node_of.values())
+        unknown = [n for n in sorted(grid.get_node_ids()) if n not in known_nodes]
+        if not unknown:
+            return
+        queries = [
+            Message(RecordDict({CONFIG: ConfigRecord({"seed": self.seed})}), dst_node_id=n,
+                    message_type=MessageType.QUERY)
+            for n in unknown
+        ]
+        for reply in grid.send_and_receive(queries, timeout=self.node_wait_timeout):
+            node = reply.metadata.src_node_id
+            if reply.has_error():
+                log.warning("node %s failed discovery: %s", node, reply.error.reason[:300])
+                continue
+            try:
+                self._register(node, reply.content)
+            except RejectedReply as err:
+                log.warning("node %s rejected at discovery: %s", node, err)
+
+    def _register(self, node: int, content: RecordDict) -> None:
+        info = content.config_records.get(INFO)
+        if info is None or PROMPT not in content.array_records:
+            raise RejectedReply("discovery reply lacks 'info' or 'prompt'")
+        client = int(info["client-id"])
+        if not 0 <= client < self.num_clients:
+            raise RejectedReply(f"client-id {client} outside 0..{self.num_clients - 1} (num-clients)")
+        if client in self.node_of and self.node_of[client] != node:
+            raise RejectedReply(f"client-id {client} is already served by node {self.node_of[client]}")
+        blocks = record_to_prompt(content.array_records[PROMPT])
+        p0 = flatten(blocks)
+        if self.state is None:
+            self.shapes = [tuple(b.shape) for b in blocks]
+            self.p0 = p0
+            self.state = ServerState.initial(p0, self.num_clients, self.seed)
+        elif [tuple(b.shape) for b in blocks] != self.shapes or not np.array_equal(p0, self.p0):
+            raise RejectedReply("its initial prompt differs from the other clients' (same model and method?)")
+        self.node_of[client] = node
+        if int(info["position"]) >= int(info["num-batches"]):
+            self.state.exhausted[client] = True
+        log.info("node %s serves client %d (%s batches, at %s)", node, client, info["num-batches"],
+                 info["position"])
+
+    # ---------------------------------------------------------------- rounds
+    def sample(self) -> list[int]:
+        """Seeded sample of the available clients (discovered, stream not ended), sorted by client id."""
+        assert self.state is not None
+        available = [c for c in sorted(self.node_of) if not self.state.exhausted[c]]
+        if not available:
+            return []
+        k = max(1, int(round(self.fraction * len(available))))
+        picked = self.state.rng.choice(available, size=k, replace=False) if k < len(available) else available
+        return sorted(int(c) for c in picked)
+
+    def configure_train(
+        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
+    ) -> Iterable[Message]:
+        """One message per sampled client, each with its own prompt (``sent[i]``) in a fresh RecordDict."""
+        self.discover(grid)
+        assert self.state is not None and self.shapes is not None
+        self._round_start = time.monotonic()
+        self._messages = []
+        for client in self.sample():
+            prompt = prompt_to_record(unflatten(self.state.sent[client], self.shapes))
+            cfg = ConfigRecord({**dict(config), "server-round": server_round, "client-id": client})
+            msg = Message(RecordDict({PROMPT: prompt, CONFIG: cfg}), dst_node_id=self.node_of[client],
+                          message_type=MessageType.TRAIN, group_id=str(server_round))
+            self._messages.append((msg, client))
+        return [m for m, _ in self._messages]
+
+    def aggregate_train(
+        self, server_round: int, replies: Iterable[Message]
+    ) -> tuple[ArrayRecord | None, MetricRecord | None]:
+        """Validate every reply, run the rule once on the valid ones, update the state atomically."""
+        assert self.state is not None and self.shapes is not None and self.p0 is not None
+        sent_to = {m.metadata.message_id: (c, m.metadata.dst_node_id) for m, c in self._messages}
+        rows: dict[int, ClientRow] = {}
+        max_norm = self.max_norm_ratio * max(float(np.linalg.norm(self.p0)), 1e-6)
+        for reply in replies:
+            client, node = sent_to.get(reply.metadata.reply_to_message_id, (None, None))
+            if client is None:
+                log.warning("round %d: dropped a reply to an unknown message", server_round)
+                continue
+            if client in rows:
+                log.warning("round %d: client %d: duplicate reply dropped", server_round, client)
+                continue
+            rows[client] = self._read_reply(server_round, client, node, reply, max_norm)
+        for _, client in self._messages:
+            if client not in rows:
+                rows[client] = ClientRow(client, self.node_of[client], "missing", "no reply before round-timeout")
+                log.warning("round %d: client %d: no reply before the round timeout", server_round, client)
+
+        uploads = [r.upload for r in rows.values() if r.upload is not None]
+        t0 = time.monotonic()
+        output = self._apply_rule(uploads) if uploads else None
+        aggregate_seconds = time.monotonic() - t0
+        self.state.round = server_round
+        self.last_report = RoundReport(server_round, [rows[c] for c in sorted(rows)], output,
+                                       time.monotonic() - self._round_start, aggregate_seconds)
+        metrics = MetricRecord({"replied": len(uploads), "sampled": len(rows)})
+        return None, metrics
+
+    def _read_reply(self, rnd: int, client: int, node: int, reply: Message, max_norm: float) -> ClientRow:
+        if reply.has_error():
+            log.warning("round %d: client %d (node %s) failed: %s", rnd, client, node, reply.error.reason[:300])
+            return ClientRow(client, node, "failed", reply.error.reason[:1000])
+        content = reply.content
+        metrics = content.metric_records.get(METRICS)
+        if metrics is not None and metrics.get("exhausted", 0) == 1 and PROMPT not in content.array_records:
+            self.state.exhausted[client] = True
+            return ClientRow(client, node, "exhausted")
+        try:
+            upload = parse_train_reply(content, client, self.shapes, max_norm)
+        except RejectedReply as err:
+            log.warning("round %d: client %d (node %s): reply rejected: %s", rnd, client, node, err)
+            return ClientRow(client, node, "rejected", str(err))
+        if upload.report.get("remaining-batches", 1) == 0:
+            self.state.exhausted[client] = True
+        return ClientRow(client, node, "ok", upload=upload)
+
+    def _apply_rule(self, uploads: list[Upload]) -> RoundOutput:
+        """Stack the valid uploads over all N clients and apply the rule; absent rows stay as they were."""
+        state = self.state
+        n = self.num_clients
+        replied = np.zeros(n, bool)
+        tuned = state.sent.copy()
+        h_pre, h_post, num_examples = np.zeros(n), np.zeros(n), np.zeros(n)
+        for u in uploads:
+            replied[u.client_id] = True
+            tuned[u.client_id] = u.prompt
+            h_pre[u.client_id], h_post[u.client_id] = u.h_pre, u.h_post
+            num_examples[u.client_id] = u.num_examples
+        output = self.rule(tuned, state.sent, state.memory, h_pre, h_post, replied, num_examples)
+        state.memory = np.asarray(output.memory, dtype=np.float32)
+        state.sent = np.asarray(output.personalized, dtype=np.float32)
+        return output
+
+    # ---------------------------------------------------------------- evaluation: online, in the train replies
+    def configure_evaluate(
+        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
+    ) -> Iterable[Message]:
+        """No separate evaluation: accuracy is measured online, on each round's train batch."""
+        return []
+
+    def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]) -> MetricRecord | None:
+        """Nothing to aggregate (see ``configure_evaluate``)."""
+        return None
+
+    def summary(self) -> None:
+        """Log the strategy's settings."""
+        log.info(
+            "PersonalizedPromptStrategy: %s, clients=%d, fraction=%g, min-nodes=%d, seed=%d",
+            self.rule.summary(), self.num_clients, self.fraction, self.min_nodes, self.seed,
+        )
