@@ -99,3 +99,15 @@ def test_default_domains_are_valid_and_shared_by_two_clients_each():
         "gaussian_noise:2", "blur:2", "contrast:2", "color_cast:2",
         "gaussian_noise:2", "blur:2", "contrast:2", "color_cast:2",
     ]  # fmt: skip
+
+
+def test_a_stream_batch_goes_through_the_engine_preprocessing(tmp_path):
+    from fedrapp_app.engine.loading import load_clip
+    from fedrapp_app.engine.prompts import PromptedCLIP
+    from fedrapp_app.testbed.tiny import make_tiny_clip
+
+    stream = build_client_stream(spec(), 1)
+    pclip = PromptedCLIP(load_clip(make_tiny_clip(tmp_path, stream.classnames)), stream.classnames, stream.template)
+    pixels = pclip.preprocess(stream.batch(0).images)
+    assert tuple(pixels.shape) == (16, 3, 32, 32)
+    assert pclip.image_features(pixels).shape[0] == 16
