@@ -8,12 +8,21 @@ import pytest
 import torch
 import torch.nn.functional as F
 from conftest import LONG_CLASSNAME, TINY_CLASSNAMES, random_images
-from PIL import Image
+from PIL import Image, ImageOps
 from transformers import GPT2Config
 
 from fedrapp_app.engine import PromptedCLIP, load_clip
 from fedrapp_app.engine import loading as loading_module
-from fedrapp_app.engine.images import augmix, crop_flip_thetas, to_rgb, tpt_views, warp
+from fedrapp_app.engine.images import (
+    _equalize,
+    _posterize,
+    _solarize,
+    augmix,
+    crop_flip_thetas,
+    to_rgb,
+    tpt_views,
+    warp,
+)
 
 
 def hf_features(clip, texts, **padding) -> torch.Tensor:
@@ -47,6 +56,15 @@ def test_text_pass_stops_at_last_eos(tiny_clip, tiny_pclip):
         hook.remove()
     longest_hard = max(len(tiny_clip.tokenizer(f"a photo of a {n}.")["input_ids"]) for n in TINY_CLASSNAMES)
     assert lengths == [longest_hard] and longest_hard < tiny_clip.max_text_length
+
+
+def test_cut_text_pass_equals_the_full_length_pass(tiny_clip):
+    full = PromptedCLIP(tiny_clip, TINY_CLASSNAMES)
+    full.full_length_text = True
+    cut = PromptedCLIP(tiny_clip, TINY_CLASSNAMES)
+    blocks = [cut.context_from_text("an image of a"), cut.random_context(3, torch.Generator().manual_seed(0))]
+    with torch.no_grad():
+        assert (cut.text_features(blocks) - full.text_features(blocks)).abs().max() <= 1e-5
 
 
 def test_blocks_shared_class_specific_and_stacked_agree(tiny_pclip):
@@ -229,3 +247,19 @@ def test_augmix_views_stay_in_range_and_differ(make_pixels, tiny_clip):
     mixed = augmix(raw, torch.Generator().manual_seed(1))
     assert mixed.shape == raw.shape and mixed.min() >= 0 and mixed.max() <= 1
 
+
+
+def test_augmix_point_ops_match_pil():
+    pixels = (np.random.default_rng(0).beta(2, 5, (3, 20, 24, 3)) * 255).astype(np.uint8)
+    x = torch.from_numpy(pixels).permute(0, 3, 1, 2).float() / 255
+    level = torch.full((3,), 0.5)  # severity-1 level: posterize to 4 bits, solarize above 244
+
+    def as_levels(t):
+        return (t.permute(0, 2, 3, 1) * 255).round().numpy()
+
+    for ours, pil in [
+        (_equalize(x, level), ImageOps.equalize),
+        (_posterize(x, level), lambda im: ImageOps.posterize(im, 4)),
+        (_solarize(x, level), lambda im: ImageOps.solarize(im, 244)),
+    ]:
+        assert np.array_equal(as_levels(ours), np.stack([np.asarray(pil(Image.fromarray(p))) for p in pixels]))

@@ -128,7 +128,7 @@ def _autocontrast(x: Tensor, level: Tensor) -> Tensor:
 def _equalize(x: Tensor, level: Tensor) -> Tensor:
     """PIL's ``ImageOps.equalize`` per channel on 8-bit levels."""
     n, c, h, w = x.shape
-    q = (x * 255).round().clamp(0, 255).long().view(n * c, h * w)
+    q = (x * 255).round().clamp(0, 255).long().reshape(n * c, h * w)
     hist = torch.zeros(n * c, 256, device=x.device).scatter_add_(1, q, torch.ones_like(q, dtype=torch.float32))
     last = hist.gather(1, (255 - (hist.flip(1) > 0).float().argmax(1, keepdim=True)))  # count of top level
     step = torch.div(h * w - last, 255, rounding_mode="floor")  # [N*C, 1]
@@ -141,7 +141,7 @@ def _equalize(x: Tensor, level: Tensor) -> Tensor:
 def _posterize(x: Tensor, level: Tensor) -> Tensor:
     bits = (4 - (level * 4 / 10).floor()).view(-1, 1, 1, 1)  # severity 1 -> 4 bits
     keep = 2 ** (8 - bits)
-    return ((x * 255).floor() / keep).floor() * keep / 255
+    return ((x * 255).round() / keep).floor() * keep / 255
 
 
 def _solarize(x: Tensor, level: Tensor) -> Tensor:

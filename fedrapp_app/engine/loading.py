@@ -16,7 +16,15 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from transformers import AutoConfig, AutoImageProcessor, AutoTokenizer, CLIPConfig, CLIPModel
+from transformers import (
+    AutoConfig,
+    AutoImageProcessor,
+    AutoTokenizer,
+    CLIPConfig,
+    CLIPModel,
+    PreTrainedTokenizerBase,
+)
+from transformers.image_processing_base import ImageProcessingMixin
 from transformers.utils import logging as hf_logging
 
 DEFAULT_CHECKPOINT = "openai/clip-vit-base-patch16"
@@ -32,8 +40,8 @@ class FrozenCLIP:
     """
 
     model: CLIPModel
-    tokenizer: object
-    image_processor: object
+    tokenizer: PreTrainedTokenizerBase
+    image_processor: ImageProcessingMixin
     device: torch.device
     precision: str
     source: str

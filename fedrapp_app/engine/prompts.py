@@ -108,6 +108,10 @@ class PromptedCLIP:
         raise ValueError(f"a context block must be [n, {width}] or [{num_classes}, n, {width}]; "
                          f"got {tuple(block.shape)}")
 
+    #: Pad every sequence to the encoder's full context (77) instead of cutting it after the batch's last
+    #: EOS. Same features, much slower: only for the naive path of benchmarks and for tests.
+    full_length_text: bool = False
+
     def _encode(self, contexts: Sequence[Tensor]) -> Tensor:
         """Class features for G contexts, each Tensor[C, n_g, D], in one text pass -> Tensor[G, C, E]."""
         num_classes, suffix_len = self.suffix_embeds.shape[:2]
@@ -117,14 +121,15 @@ class PromptedCLIP:
                 f"{longest} context tokens + class name {self._longest_class!r} exceed the text encoder's "
                 f"context of {self.clip.max_text_length} tokens; use fewer context tokens or shorter names"
             )
+        # L = 1 + longest + S ends at the batch's last EOS; nothing after it can change a feature.
+        length = self.clip.max_text_length if self.full_length_text else 1 + longest + suffix_len
         sos = self.sos_embed.expand(num_classes, 1, -1)
         sequences, eos = [], []
         for ctx in contexts:
             seq = torch.cat([sos, ctx, self.suffix_embeds], dim=1)  # [C, 1 + n + S, D]
-            # Right-pad to the longest context: the padding lies after every EOS.
-            sequences.append(F.pad(seq, (0, 0, 0, longest - ctx.shape[1])))
+            sequences.append(F.pad(seq, (0, 0, 0, length - seq.shape[1])))  # padding lies after every EOS
             eos.append(ctx.shape[1] + self.suffix_lengths)  # position of EOS: 1 + n + s_c - 1
-        embeds = torch.cat(sequences)  # [G*C, L, D], L = 1 + longest + S: ends at the batch's last EOS
+        embeds = torch.cat(sequences)  # [G*C, L, D]
         eos_pos = torch.cat(eos)  # [G*C]
         text = self.clip.model.text_model
         with self.clip.autocast():

@@ -52,7 +52,7 @@ class TPTParams:
     keep_ratio: float = 0.1  # fraction of the 1 + n_views views kept (lowest entropy)
     lr: float = 5e-3
     weight_decay: float = 0.01  # torch.optim.AdamW's default, used by the reference
-    augmix: bool = False  # AugMix on top of crop + flip (the reference uses it for ImageNet sets)
+    augmix: bool = False  # AugMix on top of crop + flip (the reference: fine-grained sets, not ImageNet-*)
     augmix_severity: float = 1.0
     image_chunk: int = 256  # views per image-tower call (memory bound)
     text_chunk: int = 2048  # text sequences per pass in episodic mode (memory bound)
