@@ -145,6 +145,7 @@ def train(msg: Message, context: Context) -> Message:
     t_model = time.perf_counter()
 
     batch = client.stream.batch(position)
+    client.stream.prefetch(position + 1)  # decoded in the background while this round computes
     pixel_values = pclip.preprocess(batch.images)
     t_data = time.perf_counter()
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -59,8 +60,16 @@ def _row(row: ClientRow, report: RoundReport) -> dict[str, Any]:
     return out
 
 
-def run_server(grid: Grid, run_config: dict[str, Any]) -> dict[str, Any]:
-    """Run a whole experiment on ``grid``; return the summary (also written to ``summary.json``)."""
+def run_server(
+    grid: Grid,
+    run_config: dict[str, Any],
+    on_round: Callable[[int, PersonalizedPromptStrategy], None] | None = None,
+) -> dict[str, Any]:
+    """Run a whole experiment on ``grid``; return the summary (also written to ``summary.json``).
+
+    ``on_round(round, strategy)`` is called after each round (tests and the benchmark runner observe the
+    server state through it).
+    """
     config = RunConfig.from_run_config(run_config)  # fails here, before anything heavy, on a bad config
     start = time.time()
     recorder = RunRecorder(run_dir_of(config, start), dict(config.values))
@@ -89,6 +98,8 @@ def run_server(grid: Grid, run_config: dict[str, Any]) -> dict[str, Any]:
             _row(r, report) for r in report.rows
         ]
         log.info(recorder.record_round(round_number, rows, report.seconds))
+        if on_round is not None:
+            on_round(round_number, strategy)
         idle = 0 if any(r.status in ("ok", "exhausted") for r in report.rows) else idle + 1
         if idle >= MAX_IDLE_ROUNDS:
             raise RuntimeError(f"{idle} rounds in a row without a valid client reply; see the warnings above")

@@ -1,0 +1,66 @@
+"""Helpers for tests that run whole federations in-process (real strategy, ServerApp body and ClientApp)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from flwr.app import Message
+
+from fedrapp_app.client import app as client_app
+from fedrapp_app.inprocess import InProcessGrid
+from fedrapp_app.records import PROMPT, flatten, record_to_prompt
+from fedrapp_app.server import run_server
+
+
+def small_run(model_dir: Path, out_dir: Path, **overrides: Any) -> dict[str, Any]:
+    """A run config small enough for a unit test: 3 clients, 16-image batches, a tiny random CLIP.
+
+    The tiny model's predictions are near uniform, so AdaPrompt gets a threshold of 0 and a buffer of 16
+    to make it update (and the prompt move) from the first round.
+    """
+    return {
+        "model": str(model_dir), "num-clients": 3, "testbed-samples": 240, "batch-size": 16, "num-rounds": 3,
+        "adaprompt-threshold": 0.0, "adaprompt-buffer-size": 16, "output-dir": str(out_dir),
+        "run-name": "run", "decode-workers": 0, **overrides,
+    }
+
+
+class SpyGrid(InProcessGrid):
+    """An in-process grid that keeps every train message's prompt, per round and destination node."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.sent: dict[tuple[int, int], np.ndarray] = {}  # (round, node) -> flattened prompt
+
+    def push_messages(self, messages):
+        messages = list(messages)
+        for m in messages:
+            if m.metadata.message_type == "train":
+                self.sent[(int(m.metadata.group_id), m.metadata.dst_node_id)] = flatten(
+                    record_to_prompt(m.content[PROMPT]))
+        return super().push_messages(messages)
+
+
+def run_federation(config: dict[str, Any], app=client_app, grid_cls=SpyGrid, num_nodes: int | None = None):
+    """Run ``config`` in-process; return (summary, grid, per-round copies of the server memory and sent)."""
+    grid = grid_cls(app, num_nodes or int(config["num-clients"]), config)
+    states: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+
+    def keep(round_number: int, strategy) -> None:
+        states[round_number] = (strategy.state.memory.copy(), strategy.state.sent.copy())
+
+    summary = run_server(grid, config, on_round=keep)
+    return summary, grid, states
+
+
+def read_rows(run_dir: str | Path) -> list[dict[str, Any]]:
+    """The rows of a run's rounds.jsonl."""
+    return [json.loads(line) for line in (Path(run_dir) / "rounds.jsonl").read_text().splitlines()]
+
+
+def reply_with(message: Message, content) -> Message:
+    """A reply to ``message`` carrying ``content`` (for ClientApp wrappers that tamper with replies)."""
+    return Message(content, reply_to=message)

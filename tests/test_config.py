@@ -1,0 +1,100 @@
+"""The run config: pyproject.toml and the schema agree; every bad value fails early with a useful message."""
+
+from __future__ import annotations
+
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from fedrapp_app.aggregation import make_rule
+from fedrapp_app.config import DEFAULTS, KEYS, LOCAL_METHODS, STRATEGIES, ConfigError, RunConfig
+from fedrapp_app.methods import make_method
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _pyproject_config() -> dict:
+    return tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["flwr"]["app"]["config"]
+
+
+def test_pyproject_holds_every_key_with_the_schema_default():
+    assert _pyproject_config() == DEFAULTS
+
+
+def test_run_override_file_is_valid():
+    overrides = tomllib.loads((ROOT / "pyproject-run.toml").read_text())
+    config = RunConfig.from_run_config(overrides)
+    assert config["model"] == "openai/clip-vit-base-patch16" and config["num-clients"] == 10
+    assert config["dirichlet-alpha"] == 0.1 and config["local-method"] == "adaprompt"
+
+
+@pytest.mark.parametrize("method", LOCAL_METHODS)
+def test_every_method_accepts_its_config_keys(method):
+    name, params = RunConfig.from_run_config({"local-method": method}).method_params()
+    assert make_method(name, params).name == method
+
+
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_every_strategy_accepts_its_config_keys(strategy):
+    name, params = RunConfig.from_run_config({"strategy": strategy}).rule_params()
+    assert make_rule(name, params).name == strategy
+
+
+def test_config_values_reach_the_method_and_the_rule():
+    config = RunConfig.from_run_config({"adaprompt-lr": 0.01, "tau": 0.5, "gamma0": 0.2})
+    assert make_method(*config.method_params()).params.lr == 0.01
+    rule = make_rule(*config.rule_params())
+    assert (rule.params.tau, rule.params.gamma0) == (0.5, 0.2)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "key", "hint"),
+    [
+        ({"strategy": "fedprox"}, "strategy", "one of 'fedrapp'"),
+        ({"local-method": "tent"}, "local-method", "one of"),
+        ({"num-clients": 0}, "num-clients", ">= 1"),
+        ({"num-clients": 2.5}, "num-clients", "must be a int"),
+        ({"fraction": 0.0}, "fraction", "> 0.0"),
+        ({"fraction": 1.5}, "fraction", "<= 1.0"),
+        ({"dirichlet-alpha": -1.0}, "dirichlet-alpha", "> 0.0"),
+        ({"mu0": 2.0}, "mu0", "<= 1.0"),
+        ({"tau": 0.0}, "tau", "> 0.0"),
+        ({"batch-size": "64"}, "batch-size", "must be a int"),
+        ({"tpt-augmix": 1}, "tpt-augmix", "must be a bool"),
+        ({"precision": "fp8"}, "precision", "one of"),
+        ({"device": "tpu"}, "device", "cuda:N"),
+        ({"min-nodes": 9}, "min-nodes", "num-clients"),
+        ({"gamma0": 0.9}, "gamma0", "gamma-max"),
+        ({"dataset": "dtd"}, "model", "real CLIP"),
+        ({"testbed-domains": "fog:1"}, "testbed-domains", "fog"),
+        ({"partition": "shards"}, "partition", "one of"),
+    ],
+)
+def test_bad_values_name_the_key_and_what_is_allowed(overrides, key, hint):
+    with pytest.raises(ConfigError) as err:
+        RunConfig.from_run_config(overrides)
+    assert key in str(err.value) and hint in str(err.value)
+
+
+def test_unknown_key_suggests_the_close_one():
+    with pytest.raises(ConfigError, match="did you mean 'dirichlet-alpha'"):
+        RunConfig.from_run_config({"dirichlet_alpha": 0.5})
+
+
+def test_every_problem_is_reported_at_once():
+    with pytest.raises(ConfigError) as err:
+        RunConfig.from_run_config({"tau": -1.0, "eta": -1.0, "nope": 1})
+    text = str(err.value)
+    assert "tau" in text and "eta" in text and "nope" in text
+
+
+def test_ints_are_accepted_for_float_keys_and_defaults_fill_the_rest():
+    config = RunConfig.from_run_config({"tau": 1})
+    assert config["tau"] == 1.0 and isinstance(config["tau"], float)
+    assert set(config.values) == {k.name for k in KEYS}
+
+
+def test_derived_run_name_names_the_main_choices():
+    name = RunConfig.from_run_config({"strategy": "fedavg", "seed": 3}).run_name()
+    assert name == "testbed-testbed-adaprompt-fedavg-seed3"
