@@ -37,7 +37,7 @@ from fedrapp_app.config import ConfigError, RunConfig
 CONNECTION = "fedrapp-sim"
 
 
-def _free_port() -> int:
+def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
@@ -60,7 +60,7 @@ def app_overrides(app_dir: Path, overrides: list[str]) -> dict:
     return values
 
 
-def _toml_value(value: object) -> str:
+def toml_value(value: object) -> str:
     """A run-config value as one TOML token that flwr's ``k=v`` parser reads back unchanged."""
     if isinstance(value, bool):
         return "true" if value else "false"
@@ -83,20 +83,19 @@ def contained_env(flwr_home: Path) -> dict[str, str]:
     return env
 
 
-def _write_connection(env: dict[str, str], port: int) -> None:
-    """Add the ``fedrapp-sim`` connection (this launcher's SuperLink) to ``$FLWR_HOME/config.toml``."""
+def write_connection(env: dict[str, str], name: str, address: str) -> None:
+    """Add an insecure connection ``name`` -> ``address`` to ``$FLWR_HOME/config.toml``."""
     code = (
         "from flwr.cli.flower_config import init_flwr_config, read_flower_config, write_flower_config\n"
         "init_flwr_config()\n"
         "cfg, _ = read_flower_config()\n"
-        f"cfg.setdefault('superlink', {{}})[{CONNECTION!r}] = "
-        f"{{'address': '127.0.0.1:{port}', 'insecure': True}}\n"
+        f"cfg.setdefault('superlink', {{}})[{name!r}] = {{'address': {address!r}, 'insecure': True}}\n"
         "write_flower_config(cfg)\n"
     )
     subprocess.run([sys.executable, "-c", code], env=env, check=True, capture_output=True)
 
 
-def _wait_healthy(port: int, process: subprocess.Popen, timeout: float = 60.0) -> None:
+def wait_healthy(port: int, process: subprocess.Popen, timeout: float = 60.0) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if process.poll() is not None:
@@ -110,7 +109,7 @@ def _wait_healthy(port: int, process: subprocess.Popen, timeout: float = 60.0) -
     raise RuntimeError(f"the SuperLink did not answer on port {port} within {timeout:.0f}s")
 
 
-def _stop(process: subprocess.Popen) -> None:
+def stop_process_group(process: subprocess.Popen) -> None:
     """Stop the SuperLink's whole process group (the ServerApp, the simulation, Ray) by its PID."""
     if process.poll() is None:
         try:
@@ -122,9 +121,9 @@ def _stop(process: subprocess.Popen) -> None:
             process.wait()
 
 
-def _run_status(env: dict[str, str], cwd: Path) -> dict:
-    """The (only) run of this launcher's in-memory SuperLink, as ``flwr list --format json`` reports it."""
-    out = subprocess.run(["flwr", "list", CONNECTION, "--format", "json"], env=env, cwd=cwd,
+def run_status(env: dict[str, str], cwd: Path, connection: str = CONNECTION) -> dict:
+    """The latest run of the SuperLink behind ``connection``, as ``flwr list --format json`` reports it."""
+    out = subprocess.run(["flwr", "list", connection, "--format", "json"], env=env, cwd=cwd,
                          capture_output=True, text=True, timeout=60)
     try:
         runs = json.loads(out.stdout)["runs"]
@@ -140,7 +139,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("app", nargs="?", default=".", help="the app folder (holding pyproject.toml)")
     parser.add_argument("-c", "--run-config", action="append", default=[],
                         help="override: 'k=v k2=v2' or a .toml file (repeatable), as for flwr run")
-    parser.add_argument("--cpus-per-client", type=float, default=1.0, help="simulation client resources")
+    parser.add_argument("--cpus-per-client", type=int, default=1, help="CPU cores per simulated client")
     parser.add_argument("--gpus-per-client", type=float, default=0.0,
                         help="GPU share per simulated client, e.g. 0.25 puts four clients on one GPU")
     parser.add_argument("--flwr-home", default=None, help="Flower's home (default: <app>/.flwr-home)")
@@ -164,7 +163,7 @@ def main(argv: list[str] | None = None) -> int:
 
     env = contained_env(Path(args.flwr_home or app_dir / ".flwr-home").resolve())
     Path(env["FLWR_HOME"]).mkdir(parents=True, exist_ok=True)
-    port = _free_port()
+    port = free_port()
     neutral = Path(tempfile.mkdtemp(prefix="fedrapp-superlink-"))
     log_path = Path(env["FLWR_HOME"]) / "superlink.log"
     superlink = subprocess.Popen(
@@ -173,17 +172,17 @@ def main(argv: list[str] | None = None) -> int:
         cwd=neutral, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
     )
     try:
-        _wait_healthy(port, superlink)
-        _write_connection(env, port)
+        wait_healthy(port, superlink)
+        write_connection(env, CONNECTION, f"127.0.0.1:{port}")
         federation = (f"num-supernodes={num_clients} client-resources-num-cpus={args.cpus_per_client} "
                       f"client-resources-num-gpus={args.gpus_per_client}")
         # flwr run refuses a .toml file beside k=v pairs: pass the merged config as k=v pairs.
         merged = {**values, **forced}
         command = ["flwr", "run", str(app_dir), CONNECTION, "--stream", "--federation-config", federation,
-                   "-c", " ".join(f"{k}={_toml_value(v)}" for k, v in merged.items())]
+                   "-c", " ".join(f"{k}={toml_value(v)}" for k, v in merged.items())]
         print(f"fedrapp-sim: SuperLink pid {superlink.pid} on 127.0.0.1:{port} (log {log_path})", flush=True)
         subprocess.run(command, cwd=neutral, env=env, check=False)
-        status = _run_status(env, neutral)
+        status = run_status(env, neutral)
     except KeyboardInterrupt:
         print("fedrapp-sim: interrupted", file=sys.stderr)
         return 130
@@ -191,7 +190,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"fedrapp-sim: {err}", file=sys.stderr)
         return 1
     finally:
-        _stop(superlink)
+        stop_process_group(superlink)
 
     if status.get("status") != "finished:completed":
         print(f"fedrapp-sim: run {status.get('run-id')} ended as {status.get('status')}: "

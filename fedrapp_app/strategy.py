@@ -122,7 +122,7 @@ class PersonalizedPromptStrategy(Strategy):
         self.p0: np.ndarray | None = None
         self.state: ServerState | None = None
         self.last_report: RoundReport | None = None
-        self._pending: dict[str, tuple[int, int]] = {}  # message id -> (client id, node id)
+        self._failed: dict[int, str] = {}  # node id -> why its discovery failed
         self._round_start = 0.0
 
     # ---------------------------------------------------------------- discovery
@@ -134,15 +134,19 @@ class PersonalizedPromptStrategy(Strategy):
         )
 
     def connect(self, grid: Grid) -> None:
-        """Wait (bounded) for ``min_nodes`` nodes, then learn their client ids and the initial prompt."""
+        """Wait (bounded) until ``min_nodes`` clients answered discovery; fail fast if every node fails."""
         deadline = time.monotonic() + self.node_wait_timeout
         while True:
-            node_ids = sorted(grid.get_node_ids())
-            if len(node_ids) >= self.min_nodes or time.monotonic() > deadline:
+            self.discover(grid, timeout=max(deadline - time.monotonic(), 1.0))
+            if len(self.node_of) >= self.min_nodes:
                 break
-            log.info("waiting for nodes: %d/%d connected", len(node_ids), self.min_nodes)
+            if self._failed and not self.node_of:
+                node, reason = next(iter(self._failed.items()))
+                raise RuntimeError(f"no ClientApp could start; node {node} reported: {reason}")
+            if time.monotonic() > deadline:
+                break
+            log.info("waiting for clients: %d/%d answered", len(self.node_of), self.min_nodes)
             time.sleep(1.0)
-        self.discover(grid)
         if self.state is None:
             raise RuntimeError(
                 f"no client answered within node-wait-timeout={self.node_wait_timeout:g}s "
@@ -152,10 +156,15 @@ class PersonalizedPromptStrategy(Strategy):
         if len(self.node_of) < self.min_nodes:
             log.warning("starting with %d of %d expected clients", len(self.node_of), self.min_nodes)
 
-    def discover(self, grid: Grid) -> None:
-        """Ask nodes not yet mapped for their client id, stream size and initial prompt (a ``query``)."""
-        known_nodes = set(self.node_of.values())
-        unknown = [n for n in sorted(grid.get_node_ids()) if n not in known_nodes]
+    def discover(self, grid: Grid, timeout: float | None = None) -> None:
+        """Ask nodes never seen before for their client id, stream size and initial prompt (a ``query``).
+
+        A node whose ClientApp fails to answer is not asked again (a restarted SuperNode comes back with a
+        new node id and is asked then).
+        """
+        connected = sorted(grid.get_node_ids())
+        seen = set(self.node_of.values()) | set(self._failed)
+        unknown = [n for n in connected if n not in seen]
         if not unknown:
             return
         queries = [
@@ -163,25 +172,38 @@ class PersonalizedPromptStrategy(Strategy):
                     message_type=MessageType.QUERY)
             for n in unknown
         ]
-        for reply in grid.send_and_receive(queries, timeout=self.node_wait_timeout):
-            node = reply.metadata.src_node_id
+        replies = grid.send_and_receive(queries, timeout=timeout or self.node_wait_timeout)
+        node_of_query = {q.metadata.message_id: q.metadata.dst_node_id for q in queries}  # ids set by the push
+        answered: dict[int, str | None] = {}  # node -> failure reason (None = registered)
+        for reply in replies:
+            # Error replies can come from the SuperLink itself: map them back through the query they answer.
+            node = node_of_query.get(reply.metadata.reply_to_message_id, reply.metadata.src_node_id)
             if reply.has_error():
-                log.warning("node %s failed discovery: %s", node, reply.error.reason[:300])
+                answered[node] = f"ClientApp error {reply.error.code}: {reply.error.reason}"
                 continue
             try:
-                self._register(node, reply.content)
+                self._register(node, reply.content, connected)
+                answered[node] = None
             except RejectedReply as err:
-                log.warning("node %s rejected at discovery: %s", node, err)
+                answered[node] = str(err)
+        for node in unknown:
+            reason = answered.get(node, "no answer to the discovery query before the timeout")
+            if reason is not None:
+                self._failed[node] = reason
+                log.warning("node %s failed discovery: %s", node, reason[:1000])
 
-    def _register(self, node: int, content: RecordDict) -> None:
+    def _register(self, node: int, content: RecordDict, connected: list[int]) -> None:
         info = content.config_records.get(INFO)
         if info is None or PROMPT not in content.array_records:
             raise RejectedReply("discovery reply lacks 'info' or 'prompt'")
         client = int(info["client-id"])
         if not 0 <= client < self.num_clients:
             raise RejectedReply(f"client-id {client} outside 0..{self.num_clients - 1} (num-clients)")
-        if client in self.node_of and self.node_of[client] != node:
-            raise RejectedReply(f"client-id {client} is already served by node {self.node_of[client]}")
+        previous = self.node_of.get(client)
+        if previous is not None and previous != node:
+            if previous in connected:
+                raise RejectedReply(f"client-id {client} is already served by node {previous}")
+            log.info("client %d moved from node %s to node %s (SuperNode restart)", client, previous, node)
         blocks = record_to_prompt(content.array_records[PROMPT])
         p0 = flatten(blocks)
         if self.state is None:
