@@ -19,6 +19,7 @@ from fedrapp_app.records import METRICS, PROMPT
 from fedrapp_app.server import run_server
 from fedrapp_app.testbed import world
 from fedrapp_app.testbed.tiny import make_tiny_clip
+
 from federation import read_rows, run_federation, small_run
 
 
@@ -63,7 +64,7 @@ def test_prompts_move_and_client_state_survives_rounds(testbed_tiny, tmp_path):
     assert not np.array_equal(grid.sent[(3, 1000)], p0)  # adaptation + aggregation moved it
     for context in grid.contexts.values():
         assert int(context.state[STREAM_STATE]["position"]) == 3
-        assert any(k.startswith("buffer.") for k in context.state[METHOD_STATE].keys())
+        assert any(k.startswith("buffer.") for k in context.state[METHOD_STATE])
     # The server keeps what it sent: the prompt of round t+1 is the strategy's `sent` after round t.
     node_of = {1000: 0, 1001: 1, 1002: 2}
     for node, client in node_of.items():

@@ -31,6 +31,7 @@ from fedrapp_app.launch import (
 from fedrapp_app.server import run_server
 from fedrapp_app.testbed import world
 from fedrapp_app.testbed.tiny import make_tiny_clip
+
 from federation import read_rows, small_run
 
 ROOT = Path(__file__).resolve().parent.parent
