@@ -17,6 +17,9 @@ from fedrapp_app.data.spec import DataSpec
 Scalar = bool | int | float | str
 
 
+_KIND = {bool: "a boolean", int: "an integer", float: "a number", str: "a string"}
+
+
 class ConfigError(ValueError):
     """A run-config value is unknown, of the wrong type, out of range or contradicts another one."""
 
@@ -39,7 +42,7 @@ class Key:
         if kind is float and isinstance(value, int) and not isinstance(value, bool):
             value = float(value)
         if type(value) is not kind:
-            return f"must be a {kind.__name__}, got {type(value).__name__} {value!r}"
+            return f"must be {_KIND[kind]}, got {_KIND.get(type(value), type(value).__name__)} {value!r}"
         if self.choices is not None and value not in self.choices:
             return f"must be one of {', '.join(map(repr, self.choices))}"
         if self.minimum is not None:
@@ -58,7 +61,7 @@ class Key:
         lo = "" if self.minimum is None else f"{'>' if self.exclusive_minimum else '>='} {self.minimum}"
         hi = "" if self.maximum is None else f"<= {self.maximum}"
         bounds = " and ".join(b for b in (lo, hi) if b)
-        return f"a {type(self.default).__name__}" + (f" {bounds}" if bounds else "")
+        return _KIND[type(self.default)] + (f" {bounds}" if bounds else "")
 
 
 STRATEGIES = ("fedrapp", "none-fed", "fedavg", "fedamp", "fedamp-cos")

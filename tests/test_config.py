@@ -54,14 +54,14 @@ def test_config_values_reach_the_method_and_the_rule():
         ({"strategy": "fedprox"}, "strategy", "one of 'fedrapp'"),
         ({"local-method": "tent"}, "local-method", "one of"),
         ({"num-clients": 0}, "num-clients", ">= 1"),
-        ({"num-clients": 2.5}, "num-clients", "must be a int"),
+        ({"num-clients": 2.5}, "num-clients", "must be an integer"),
         ({"fraction": 0.0}, "fraction", "> 0.0"),
         ({"fraction": 1.5}, "fraction", "<= 1.0"),
         ({"dirichlet-alpha": -1.0}, "dirichlet-alpha", "> 0.0"),
         ({"mu0": 2.0}, "mu0", "<= 1.0"),
         ({"tau": 0.0}, "tau", "> 0.0"),
-        ({"batch-size": "64"}, "batch-size", "must be a int"),
-        ({"tpt-augmix": 1}, "tpt-augmix", "must be a bool"),
+        ({"batch-size": "64"}, "batch-size", "must be an integer"),
+        ({"tpt-augmix": 1}, "tpt-augmix", "must be a boolean"),
         ({"precision": "fp8"}, "precision", "one of"),
         ({"device": "tpu"}, "device", "cuda:N"),
         ({"min-nodes": 9}, "min-nodes", "num-clients"),
@@ -98,3 +98,11 @@ def test_ints_are_accepted_for_float_keys_and_defaults_fill_the_rest():
 def test_derived_run_name_names_the_main_choices():
     name = RunConfig.from_run_config({"strategy": "fedavg", "seed": 3}).run_name()
     assert name == "testbed-testbed-adaprompt-fedavg-seed3"
+
+
+def test_readme_configuration_table_lists_every_key_with_its_default():
+    readme = (ROOT / "README.md").read_text()
+    for key in KEYS:
+        default = {True: "true", False: "false"}.get(key.default, None) if isinstance(key.default, bool) else None
+        shown = default or (f'"{key.default}"' if isinstance(key.default, str) else repr(key.default))
+        assert f"| `{key.name}` | `{shown}` |" in readme, f"README table lacks {key.name} = {shown}"
