@@ -132,6 +132,11 @@ def test_bad_class_lists_are_named(tiny_clip, classnames, template, message):
         PromptedCLIP(tiny_clip, classnames, template)
 
 
+def test_one_string_is_not_a_class_list(tiny_clip):
+    with pytest.raises(TypeError, match="not one string"):
+        PromptedCLIP(tiny_clip, "cat")
+
+
 def test_context_plus_name_past_the_context_length_is_named(tiny_pclip):
     with pytest.raises(ValueError, match="exceed the text encoder's context"):
         tiny_pclip.text_features([tiny_pclip.random_context(20, torch.Generator().manual_seed(0))])

@@ -39,6 +39,8 @@ class PromptedCLIP:
     """
 
     def __init__(self, clip: FrozenCLIP, classnames: Sequence[str], template: str = "a photo of a {}.") -> None:
+        if isinstance(classnames, str):
+            raise TypeError("PromptedCLIP: classnames must be a sequence of names, not one string")
         classnames = [str(name) for name in classnames]
         if not classnames:
             raise ValueError("PromptedCLIP: the class list is empty; pass at least one class name")
