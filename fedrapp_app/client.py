@@ -14,6 +14,7 @@ import os
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -21,6 +22,7 @@ import torch
 from flwr.app import ConfigRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
+from fedrapp_app.checkpoint import load_client_snapshot, save_client_snapshot
 from fedrapp_app.config import RunConfig
 from fedrapp_app.data import ClientStream, build_client_stream
 from fedrapp_app.engine import PromptedCLIP, load_clip
@@ -83,12 +85,12 @@ class ClientSetup:
             _PROMPTED[key] = PromptedCLIP(_CLIPS[clip_key], list(self.stream.classnames), self.stream.template)
         return _PROMPTED[key]
 
-    def method(self, context: Context) -> LocalMethod:
-        """The local method, with its persistent state restored from ``context.state``."""
+    def method(self, state: dict[str, np.ndarray] | None) -> LocalMethod:
+        """The local method, with its persistent ``state`` restored (None: a fresh method)."""
         name, params = self.config.method_params()
         method = make_method(name, params)
-        if METHOD_STATE in context.state:
-            method.load_state_dict(record_to_arrays(context.state[METHOD_STATE]))
+        if state is not None:
+            method.load_state_dict(state)
         return method
 
 
@@ -104,6 +106,30 @@ def setup(context: Context) -> ClientSetup:
 def stream_position(context: Context) -> int:
     """How many batches of its stream this client has already processed."""
     return int(context.state[STREAM_STATE]["position"]) if STREAM_STATE in context.state else 0
+
+
+def restore_state(context: Context, client: int, config: Mapping[str, Any]) -> tuple[int, dict | None, bool]:
+    """(stream position, method state, rebuilt?) to continue from.
+
+    Normally both come from ``context.state``. A client that has none (a resumed run, a restarted SuperNode)
+    but is expected at position p > 0 loads its snapshot of p from disk; without a snapshot it goes on at
+    p with a fresh method state (``rebuilt``: its buffer and optimizer moments start again).
+    """
+    if STREAM_STATE in context.state:
+        state = record_to_arrays(context.state[METHOD_STATE]) if METHOD_STATE in context.state else None
+        return stream_position(context), state, False
+    expected = int(config.get("stream-position", 0))
+    if expected <= 0:
+        return 0, None, False
+    where = _snapshot_dir(context, config)
+    snapshot = None if where is None else load_client_snapshot(where, str(config["run-token"]), client, expected)
+    return expected, snapshot, snapshot is None
+
+
+def _snapshot_dir(context: Context, config: Mapping[str, Any]) -> Path | None:
+    """Where this client keeps its snapshots: the node config's ``state-dir``, else the server's choice."""
+    where = context.node_config.get("state-dir") or config.get("state-dir")
+    return Path(str(where)) if where and "run-token" in config else None
 
 
 def step_generator(seed: int, client: int, position: int) -> torch.Generator:
@@ -124,7 +150,7 @@ app = ClientApp()
 def query(msg: Message, context: Context) -> Message:
     """Discovery: report the client id, the stream's size and position, and the initial prompt P0."""
     client = setup(context)
-    p0 = client.method(context).initial_prompt(client.prompted())
+    p0 = client.method(None).initial_prompt(client.prompted())
     info = ConfigRecord({"client-id": client.client_id, "num-batches": client.stream.num_batches,
                          "position": stream_position(context), "num-samples": client.stream.num_samples})
     return Message(RecordDict({INFO: info, PROMPT: prompt_to_record([b.detach().cpu() for b in p0])}),
@@ -136,12 +162,13 @@ def train(msg: Message, context: Context) -> Message:
     """Adapt the received prompt on the next batch, predict, and reply with P~, H_pre, H_post and metrics."""
     t_start = time.perf_counter()
     client = setup(context)
-    position = stream_position(context)
+    round_config = msg.content[CONFIG]
+    position, method_state, rebuilt = restore_state(context, client.client_id, round_config)
     if position >= client.stream.num_batches:
         return Message(RecordDict({METRICS: MetricRecord({"client-id": client.client_id, "exhausted": 1})}),
                        reply_to=msg)
     pclip = client.prompted()
-    method = client.method(context)
+    method = client.method(method_state)
     t_model = time.perf_counter()
 
     batch = client.stream.batch(position)
@@ -154,8 +181,12 @@ def train(msg: Message, context: Context) -> Message:
     result = method.adapt(pclip, prompt, pixel_values, step_generator(seed, client.client_id, position))
     t_adapt = time.perf_counter()
 
-    context.state[METHOD_STATE] = arrays_to_record(method.state_dict())
+    new_state = method.state_dict()
+    context.state[METHOD_STATE] = arrays_to_record(new_state)
     context.state[STREAM_STATE] = ConfigRecord({"position": position + 1})
+    snapshots = _snapshot_dir(context, round_config)
+    if snapshots is not None:
+        save_client_snapshot(snapshots, str(round_config["run-token"]), client.client_id, position + 1, new_state)
     n = len(batch.labels)
     metrics = {
         "client-id": client.client_id,
@@ -167,6 +198,7 @@ def train(msg: Message, context: Context) -> Message:
         "correct": _score(result.predictions, batch.labels),
         "correct-before": _score(result.predictions_before, batch.labels),
         "model-loaded": int(client.loaded_model),
+        "state-rebuilt": int(rebuilt),
         "t-setup": t_model - t_start,
         "t-data": t_data - t_model,
         "t-adapt": t_adapt - t_data,

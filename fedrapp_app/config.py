@@ -79,6 +79,7 @@ KEYS: tuple[Key, ...] = (
     Key("num-rounds", 0, "rounds to run; 0 = until every client's stream has ended", minimum=0),
     Key("output-dir", "outputs", "folder for results (a relative path is resolved where the run starts)"),
     Key("run-name", "", "name of the results folder inside output-dir; '' = derived from the config"),
+    Key("resume", False, "continue the run in output-dir/run-name from its last checkpoint (needs run-name)"),
     # --- federation -------------------------------------------------------------------------------
     Key("num-clients", 8, "number of clients (= data partitions)", minimum=1),
     Key("fraction", 1.0, "share of the available clients sampled each round", minimum=0.0,
@@ -86,6 +87,8 @@ KEYS: tuple[Key, ...] = (
     Key("min-nodes", 0, "nodes to wait for before round 1; 0 = num-clients", minimum=0),
     Key("node-wait-timeout", 300.0, "seconds to wait for min-nodes nodes", minimum=0.0, exclusive_minimum=True),
     Key("round-timeout", 900.0, "seconds to wait for the replies of a round", minimum=0.0, exclusive_minimum=True),
+    Key("max-norm-ratio", 100.0, "an upload whose norm exceeds this multiple of the initial prompt's is rejected",
+        minimum=1.0),
     # --- data -------------------------------------------------------------------------------------
     Key("dataset", "testbed", "'testbed' or a dataset preset (see docs/datasets.md)"),
     Key("data-source", "auto", "where the dataset comes from",
@@ -170,6 +173,9 @@ def _check_combinations(v: Mapping[str, Scalar]) -> None:
         problems.append(_problem("min-nodes", v["min-nodes"], f"cannot exceed num-clients = {v['num-clients']}"))
     if v["gamma0"] > v["gamma-max"]:
         problems.append(_problem("gamma0", v["gamma0"], f"cannot exceed gamma-max = {v['gamma-max']}"))
+    if v["resume"] and not v["run-name"]:
+        problems.append(_problem("resume", True, "needs the run-name of the run to continue (derived names "
+                                 "carry a start time); set -c \"run-name='<name>'\""))
     if v["model"] == "testbed" and v["dataset"] != "testbed":
         problems.append(_problem(
             "model", v["model"],
@@ -211,6 +217,10 @@ DATA_KEYS: dict[str, str] = {
     "max-samples-per-client": "max_samples_per_client", "testbed-samples": "testbed_samples",
     "testbed-domains": "testbed_domains", "decode-workers": "decode_workers",
 }
+
+
+#: Keys a resumed run may change; every other key must equal the checkpointed run's.
+RESUMABLE_KEYS = frozenset({"resume", "num-rounds", "node-wait-timeout", "round-timeout", "decode-workers"})
 
 
 @dataclass(frozen=True)
@@ -258,3 +268,37 @@ class RunConfig:
         v = self.values
         model = str(v["model"]).rstrip("/").split("/")[-1]
         return f"{v['dataset']}-{model}-{v['local-method']}-{v['strategy']}-seed{v['seed']}"
+
+
+def toml_literal(value: Scalar) -> str:
+    """A default as it appears in pyproject.toml and the README."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, str):
+        return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    return repr(value)
+
+
+def markdown_table() -> str:
+    """The README's configuration table (``python -m fedrapp_app.config`` prints it)."""
+    rows = ["| key | default | allowed | meaning |", "|---|---|---|---|"]
+    for k in KEYS:
+        text = k.help.replace("|", "\\|")
+        rows.append(f"| `{k.name}` | `{toml_literal(k.default)}` | {k.allowed()} | {text} |")
+    return "\n".join(rows)
+
+
+def pyproject_block() -> str:
+    """The ``[tool.flwr.app.config]`` table (``python -m fedrapp_app.config --pyproject`` prints it)."""
+    lines = ["[tool.flwr.app.config]",
+             "# Every knob of a run; override with `flwr run . -c \"k=v\"` or `-c file.toml` (see the README's table)."]
+    for k in KEYS:
+        assignment = f"{k.name} = {toml_literal(k.default)}"
+        lines.append(assignment.ljust(max(len(assignment) + 2, 50)) + f"# {k.help}")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    import sys
+
+    print(pyproject_block() if "--pyproject" in sys.argv else markdown_table())

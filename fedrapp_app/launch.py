@@ -27,10 +27,9 @@ import subprocess
 import sys
 import tempfile
 import time
+import tomllib
 import urllib.request
 from pathlib import Path
-
-import tomllib
 
 from fedrapp_app.config import ConfigError, RunConfig
 

@@ -90,10 +90,13 @@ def parse_train_reply(
 ) -> Upload:
     """Validate a train reply's content; raise ``RejectedReply`` with the reason when it is malformed.
 
-    Checks: the record names, the reported client id (must be the one the message was sent to), the
+    Checks: the record names (nothing else), the reported client id (must be the one the message was sent to), the
     required metrics (finite, entropies >= 0, a positive example count), the number, names, shapes and
     dtype (float32) of the prompt blocks, finite values and a norm below ``max_norm``.
     """
+    extra = sorted(set(content.keys()) - {PROMPT, METRICS})
+    if extra:
+        raise RejectedReply(f"unexpected records {extra} (a train reply holds only {PROMPT!r} and {METRICS!r})")
     if METRICS not in content.metric_records:
         raise RejectedReply(f"no MetricRecord {METRICS!r} in the reply")
     metrics = content.metric_records[METRICS]
@@ -125,7 +128,7 @@ def parse_train_reply(
     vector = flatten(blocks)
     if not np.isfinite(vector).all():
         raise RejectedReply("prompt holds NaN or Inf")
-    norm = float(np.linalg.norm(vector))
+    norm = float(np.linalg.norm(vector.astype(np.float64)))
     if norm > max_norm:
         raise RejectedReply(f"prompt norm {norm:.3g} exceeds the limit {max_norm:.3g}")
     report = {k: v for k, v in metrics.items() if k not in RULE_METRICS}

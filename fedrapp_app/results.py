@@ -73,7 +73,9 @@ def write_json_atomic(path: Path, payload: Any) -> None:
 class RunRecorder:
     """Writes the per-round rows and the summary of one run into ``run_dir``."""
 
-    def __init__(self, run_dir: Path, config: dict[str, Any]) -> None:
+    def __init__(self, run_dir: Path, config: dict[str, Any], resume_after: int | None = None) -> None:
+        """Start a run's files, or with ``resume_after = R`` continue them: rows of rounds after R (from a
+        round that never reached its checkpoint) are dropped and the totals are rebuilt from the rest."""
         self.run_dir = Path(run_dir).resolve()
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.config = config
@@ -85,9 +87,26 @@ class RunRecorder:
         self.correct_before: dict[int, int] = defaultdict(int)
         self.seen: dict[int, int] = defaultdict(int)
         self.rounds = 0
-        write_json_atomic(self.run_dir / "config.json",
-                          {"config": config, **self.provenance, "started": self.started})
-        self.rounds_path.write_text("")
+        self.resumed_after = resume_after
+        kept: list[dict[str, Any]] = []
+        if resume_after is not None and self.rounds_path.is_file():
+            rows = [json.loads(line) for line in self.rounds_path.read_text().splitlines() if line.strip()]
+            kept = [r for r in rows if r["round"] <= resume_after]
+        else:
+            write_json_atomic(self.run_dir / "config.json",
+                              {"config": config, **self.provenance, "started": self.started})
+        tmp = self.rounds_path.with_name(self.rounds_path.name + ".tmp")
+        tmp.write_text("".join(json.dumps(r, default=_json_default) + "\n" for r in kept))
+        os.replace(tmp, self.rounds_path)
+        self._count(kept)
+        self.rounds = resume_after or 0
+
+    def _count(self, rows: list[dict[str, Any]]) -> None:
+        for r in rows:
+            if r["status"] == "ok":
+                self.correct[r["client"]] += r["correct"]
+                self.correct_before[r["client"]] += r["correct_before"]
+                self.seen[r["client"]] += r["num_examples"]
 
     def record_round(self, round_number: int, rows: list[dict[str, Any]], seconds: float) -> str:
         """Append one round's client rows (dicts) and return its progress line."""
@@ -95,10 +114,7 @@ class RunRecorder:
             for row in rows:
                 f.write(json.dumps({"round": round_number, **row}, default=_json_default) + "\n")
         ok = [r for r in rows if r["status"] == "ok"]
-        for r in ok:
-            self.correct[r["client"]] += r["correct"]
-            self.correct_before[r["client"]] += r["correct_before"]
-            self.seen[r["client"]] += r["num_examples"]
+        self._count(ok)
         self.rounds = round_number
         n = sum(r["num_examples"] for r in ok)
         line = f"round {round_number} | {len(ok)}/{len(rows)} clients ok"
@@ -132,6 +148,7 @@ class RunRecorder:
             "rounds": self.rounds,
             "seconds": time.time() - self.started,
             "run_dir": str(self.run_dir),
+            "resumed_after_round": self.resumed_after,
             **(extra or {}),
             "config": self.config,
             **self.provenance,

@@ -15,7 +15,8 @@ from typing import Any
 from flwr.app import ArrayRecord, ConfigRecord, Context
 from flwr.serverapp import Grid, ServerApp
 
-from fedrapp_app.config import RunConfig
+from fedrapp_app.checkpoint import CLIENT_STATE_DIR, ServerCheckpoint, new_run_token
+from fedrapp_app.config import RESUMABLE_KEYS, ConfigError, RunConfig
 from fedrapp_app.results import RunRecorder
 from fedrapp_app.strategy import ClientRow, PersonalizedPromptStrategy, RoundReport
 
@@ -60,6 +61,16 @@ def _row(row: ClientRow, report: RoundReport) -> dict[str, Any]:
     return out
 
 
+def _resumable(config: RunConfig, checkpoint: ServerCheckpoint) -> None:
+    """A resumed run must be the same experiment: only ``RESUMABLE_KEYS`` may differ."""
+    changed = sorted(k for k, v in config.values.items()
+                     if k not in RESUMABLE_KEYS and checkpoint.config.get(k) != v)
+    if changed:
+        details = ", ".join(f"{k}: {checkpoint.config.get(k)!r} -> {config[k]!r}" for k in changed)
+        raise ConfigError(f"invalid run config:\n  resume = true, but the run differs from the checkpointed one "
+                          f"({details}); only {sorted(RESUMABLE_KEYS)} may change")
+
+
 def run_server(
     grid: Grid,
     run_config: dict[str, Any],
@@ -67,24 +78,33 @@ def run_server(
 ) -> dict[str, Any]:
     """Run a whole experiment on ``grid``; return the summary (also written to ``summary.json``).
 
+    The server state is checkpointed after every round; ``resume = true`` continues from the checkpoint.
     ``on_round(round, strategy)`` is called after each round (tests and the benchmark runner observe the
     server state through it).
     """
     config = RunConfig.from_run_config(run_config)  # fails here, before anything heavy, on a bad config
     start = time.time()
-    recorder = RunRecorder(run_dir_of(config, start), dict(config.values))
+    run_dir = run_dir_of(config, start)
+    checkpoint = ServerCheckpoint.load(run_dir) if config["resume"] else None
+    if checkpoint is not None:
+        _resumable(config, checkpoint)
+    recorder = RunRecorder(run_dir, dict(config.values), resume_after=checkpoint.round if checkpoint else None)
+    token = checkpoint.token if checkpoint else new_run_token()
     rule, rule_params = config.rule_params()
     strategy = PersonalizedPromptStrategy(
         rule, rule_params, num_clients=int(config["num-clients"]), fraction=float(config["fraction"]),
         min_nodes=int(config["min-nodes"]), node_wait_timeout=float(config["node-wait-timeout"]),
-        seed=int(config["seed"]),
+        seed=int(config["seed"]), max_norm_ratio=float(config["max-norm-ratio"]),
+        client_config={"run-token": token, "state-dir": str(recorder.run_dir / CLIENT_STATE_DIR)},
     )
     strategy.summary()
     log.info("results go to %s", recorder.run_dir)
     strategy.connect(grid)
+    if checkpoint is not None:
+        strategy.restore(checkpoint)
 
     max_rounds = int(config["num-rounds"]) or None
-    round_number, idle = 0, 0
+    round_number, idle = strategy.state.round, 0
     while not strategy.finished and (max_rounds is None or round_number < max_rounds):
         round_number += 1
         messages = strategy.configure_train(round_number, ArrayRecord(), ConfigRecord(), grid)
@@ -94,10 +114,9 @@ def run_server(
         replies = grid.send_and_receive(messages, timeout=float(config["round-timeout"]))
         strategy.aggregate_train(round_number, replies)
         report = strategy.last_report
-        rows = [
-            _row(r, report) for r in report.rows
-        ]
+        rows = [_row(r, report) for r in report.rows]
         log.info(recorder.record_round(round_number, rows, report.seconds))
+        strategy.checkpoint(token, dict(config.values)).save(recorder.run_dir)
         if on_round is not None:
             on_round(round_number, strategy)
         idle = 0 if any(r.status in ("ok", "exhausted") for r in report.rows) else idle + 1

@@ -24,6 +24,7 @@ from flwr.serverapp.strategy import Strategy
 
 from fedrapp_app.aggregation import make_rule
 from fedrapp_app.aggregation.common import RoundOutput
+from fedrapp_app.checkpoint import ServerCheckpoint
 from fedrapp_app.records import (
     CONFIG,
     INFO,
@@ -52,6 +53,7 @@ class ServerState:
     memory: np.ndarray
     sent: np.ndarray
     exhausted: np.ndarray  # [N] bool: the client's stream has ended
+    positions: np.ndarray  # [N] int: the client's next stream position (-1 = not known yet)
     round: int = 0
     rng: np.random.Generator = field(default_factory=np.random.default_rng)
 
@@ -59,7 +61,8 @@ class ServerState:
     def initial(cls, p0: np.ndarray, num_clients: int, seed: int) -> ServerState:
         """Every client starts from the same initial prompt P0 [d]."""
         tiled = np.tile(p0.astype(np.float32), (num_clients, 1))
-        return cls(tiled.copy(), tiled.copy(), np.zeros(num_clients, bool), 0, np.random.default_rng(seed))
+        return cls(tiled.copy(), tiled.copy(), np.zeros(num_clients, bool), np.full(num_clients, -1),
+                   0, np.random.default_rng(seed))
 
 
 @dataclass
@@ -96,6 +99,7 @@ class PersonalizedPromptStrategy(Strategy):
     node_wait_timeout : seconds to wait for them; the run goes on with the nodes that came.
     seed : seeds the client sampling.
     max_norm_ratio : an upload whose norm exceeds this multiple of ||P0|| is rejected.
+    client_config : extra values for every train message's config (the run token and snapshot folder).
     """
 
     def __init__(
@@ -108,6 +112,7 @@ class PersonalizedPromptStrategy(Strategy):
         node_wait_timeout: float = 300.0,
         seed: int = 0,
         max_norm_ratio: float = 100.0,
+        client_config: dict | None = None,
     ) -> None:
         self.rule_name = rule
         self.rule = make_rule(rule, rule_params)
@@ -117,6 +122,7 @@ class PersonalizedPromptStrategy(Strategy):
         self.node_wait_timeout = node_wait_timeout
         self.seed = seed
         self.max_norm_ratio = max_norm_ratio
+        self.client_config = dict(client_config or {})
         self.node_of: dict[int, int] = {}  # client id -> node id
         self.shapes: list[tuple[int, ...]] | None = None
         self.p0: np.ndarray | None = None
@@ -213,10 +219,30 @@ class PersonalizedPromptStrategy(Strategy):
         elif [tuple(b.shape) for b in blocks] != self.shapes or not np.array_equal(p0, self.p0):
             raise RejectedReply("its initial prompt differs from the other clients' (same model and method?)")
         self.node_of[client] = node
+        if self.state.positions[client] < 0:
+            self.state.positions[client] = int(info["position"])
         if int(info["position"]) >= int(info["num-batches"]):
             self.state.exhausted[client] = True
         log.info("node %s serves client %d (%s batches, at %s)", node, client, info["num-batches"],
                  info["position"])
+
+    # ---------------------------------------------------------------- checkpoints
+    def checkpoint(self, token: str, config: dict) -> ServerCheckpoint:
+        """The whole server state after the last round (see ``fedrapp_app.checkpoint``)."""
+        st = self.state
+        return ServerCheckpoint(st.round, st.memory, st.sent, st.exhausted, st.positions, self.p0, self.shapes,
+                                st.rng.bit_generator.state, token, config)
+
+    def restore(self, checkpoint: ServerCheckpoint) -> None:
+        """Continue from ``checkpoint`` (after ``connect``: the clients' initial prompt must match)."""
+        if checkpoint.shapes != self.shapes or not np.array_equal(checkpoint.p0, self.p0):
+            raise RuntimeError("the checkpoint's initial prompt differs from the clients': same model and method?")
+        st = self.state
+        st.memory, st.sent = checkpoint.memory.copy(), checkpoint.sent.copy()
+        st.exhausted, st.positions = checkpoint.exhausted.copy(), checkpoint.positions.copy()
+        st.round = checkpoint.round
+        st.rng.bit_generator.state = checkpoint.rng_state
+        log.info("resumed after round %d", st.round)
 
     # ---------------------------------------------------------------- rounds
     def sample(self) -> list[int]:
@@ -239,7 +265,8 @@ class PersonalizedPromptStrategy(Strategy):
         self._messages = []
         for client in self.sample():
             prompt = prompt_to_record(unflatten(self.state.sent[client], self.shapes))
-            cfg = ConfigRecord({**dict(config), "server-round": server_round, "client-id": client})
+            cfg = ConfigRecord({**dict(config), **self.client_config, "server-round": server_round,
+                                "client-id": client, "stream-position": int(self.state.positions[client])})
             msg = Message(RecordDict({PROMPT: prompt, CONFIG: cfg}), dst_node_id=self.node_of[client],
                           message_type=MessageType.TRAIN, group_id=str(server_round))
             self._messages.append((msg, client))
@@ -286,6 +313,7 @@ class PersonalizedPromptStrategy(Strategy):
         if metrics is not None and metrics.get("exhausted", 0) == 1 and PROMPT not in content.array_records:
             self.state.exhausted[client] = True
             return ClientRow(client, node, "exhausted")
+        self._note_position(client, metrics)
         try:
             upload = parse_train_reply(content, client, self.shapes, max_norm)
         except RejectedReply as err:
@@ -294,6 +322,12 @@ class PersonalizedPromptStrategy(Strategy):
         if upload.report.get("remaining-batches", 1) == 0:
             self.state.exhausted[client] = True
         return ClientRow(client, node, "ok", upload=upload)
+
+    def _note_position(self, client: int, metrics: MetricRecord | None) -> None:
+        """Remember where the client's stream stands (its batch was consumed even if the upload is bad)."""
+        value = None if metrics is None else metrics.get("stream-position")
+        if isinstance(value, int | float) and np.isfinite(value) and value == int(value) and value >= 0:
+            self.state.positions[client] = int(value) + 1
 
     def _apply_rule(self, uploads: list[Upload]) -> RoundOutput:
         """Stack the valid uploads over all N clients and apply the rule; absent rows stay as they were."""
