@@ -1,0 +1,191 @@
+"""The grid runner: every pending cell through the real ServerApp body, strategy and ClientApp, in-process.
+
+Each cell is ``run_server(InProcessGrid(client_app, num-clients, config), config)``, exactly what
+``flwr run`` executes, writing its run folder to ``<bench-dir>/runs/<cell>``. After each cell its row is
+added to ``<bench-dir>/cells.jsonl`` (atomically); cells whose identity key already has a row are skipped,
+and a cell that was cut short continues from its last checkpointed round, so an interrupted grid resumes
+where it stopped. ``workers > 1`` runs cells in parallel processes (each
+with ``threads`` torch threads).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import multiprocessing
+import time
+from collections.abc import Callable, Mapping
+from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+from tqdm import tqdm
+
+from fedrapp_app.bench.rows import make_row, read_rows, write_rows, write_text_atomic
+from fedrapp_app.bench.schema import BenchSpec, Cell
+
+log = logging.getLogger("fedrapp.bench")
+
+RUNS_DIR = "runs"
+
+
+@dataclass(frozen=True)
+class CellResult:
+    """What a finished cell hands back to the process that writes the rows."""
+
+    summary: dict[str, Any]
+    rounds: list[dict[str, Any]]
+    domains: list[str | None]
+    seconds: float
+
+
+def quiet_flower() -> None:
+    """Keep Flower's per-round INFO lines out of the progress bar (warnings still show)."""
+    for name in ("flwr", "flwr.fedrapp", "fedrapp"):
+        logging.getLogger(name).setLevel(logging.WARNING)
+
+
+def set_threads(threads: int | None) -> None:
+    """Torch intra-op threads of this process (None keeps torch's default)."""
+    if threads:
+        import torch
+
+        torch.set_num_threads(threads)
+
+
+def run_cell(
+    overrides: Mapping[str, Any],
+    cell_id: str,
+    runs_dir: Path,
+    on_round: Callable[[int, Any], None] | None = None,
+) -> CellResult:
+    """Run one cell in this process, in ``runs_dir/cell_id``.
+
+    A cell cut short (its run folder holds a server checkpoint) resumes after its last finished round
+    (``resume = true``: the same results as an uninterrupted run).
+    """
+    from fedrapp_app.checkpoint import SERVER_FILE
+    from fedrapp_app.client import app as client_app
+    from fedrapp_app.config import RunConfig
+    from fedrapp_app.data import client_domains
+    from fedrapp_app.inprocess import InProcessGrid
+    from fedrapp_app.server import run_server
+
+    resume = (Path(runs_dir) / cell_id / SERVER_FILE).is_file()
+    config = {**overrides, "output-dir": str(runs_dir), "run-name": cell_id, "resume": resume}
+    validated = RunConfig.from_run_config(config)
+    start = time.perf_counter()
+    grid = InProcessGrid(client_app, int(validated["num-clients"]), config)
+    summary = run_server(grid, config, on_round=on_round)
+    seconds = time.perf_counter() - start
+    run_dir = Path(summary["run_dir"])
+    rounds = [json.loads(line) for line in (run_dir / "rounds.jsonl").read_text().splitlines() if line]
+    return CellResult(summary, rounds, client_domains(validated.data_spec()), seconds)
+
+
+def _worker_init(threads: int | None) -> None:
+    quiet_flower()
+    set_threads(threads)
+
+
+def _run_in_worker(overrides: dict[str, Any], cell_id: str, runs_dir: str) -> CellResult:
+    return run_cell(overrides, cell_id, Path(runs_dir))
+
+
+class BenchRunner:
+    """Runs the pending cells of a :class:`BenchSpec` into ``bench_dir`` and keeps ``cells.jsonl`` current."""
+
+    def __init__(self, spec: BenchSpec, bench_dir: str | Path | None = None) -> None:
+        self.spec = spec
+        self.bench_dir = Path(bench_dir or spec.output).expanduser().resolve()
+        self.runs_dir = self.bench_dir / RUNS_DIR
+        self.rows = read_rows(self.bench_dir)
+        self.failures: dict[str, str] = {}
+
+    def memberships(self, cell: Cell) -> dict[str, Any]:
+        return {m.grid: m.to_json(self.spec.oracles) for m in cell.memberships}
+
+    def pending(self) -> list[Cell]:
+        """Cells without a row, in the file's order."""
+        done = {row["key"] for row in self.rows}
+        return [cell for cell in self.spec.cells if cell.key not in done]
+
+    def refresh_labels(self) -> None:
+        """Give finished rows the labels the YAML gives them now (a renamed variant needs no rerun)."""
+        current = {cell.key: cell for cell in self.spec.cells}
+        changed = False
+        for row in self.rows:
+            cell = current.get(row["key"])
+            if cell is not None and row["grids"] != self.memberships(cell):
+                row["grids"] = self.memberships(cell)
+                changed = True
+        if changed:
+            write_rows(self.bench_dir, self.rows)
+
+    def _finish(self, cell: Cell, result: CellResult) -> None:
+        row = make_row(cell.key, cell.id, cell.overrides, self.memberships(cell), result.summary,
+                       result.rounds, result.domains, result.seconds)
+        self.rows.append(row)
+        write_rows(self.bench_dir, self.rows)  # after every cell: an interruption loses at most running cells
+
+    def run(self, workers: int = 1, threads: int | None = 1, limit: int | None = None,
+            progress: bool = True) -> list[dict[str, Any]]:
+        """Run every pending cell (at most ``limit``); return all rows. Failed cells are listed in ``failures``."""
+        self.bench_dir.mkdir(parents=True, exist_ok=True)
+        write_text_atomic(self.bench_dir / "bench.yaml", yaml.safe_dump(self.spec.source, sort_keys=False))
+        self.refresh_labels()
+        todo = self.pending()[:limit]
+        skipped = len(self.spec.cells) - len(self.pending())
+        bar = tqdm(total=len(todo), desc=f"{self.spec.name} ({skipped} done before)", unit="cell",
+                   disable=not progress, dynamic_ncols=True)
+        try:
+            if workers <= 1:
+                self._run_serial(todo, threads, bar)
+            else:
+                self._run_parallel(todo, workers, threads, bar)
+        finally:
+            bar.close()
+        return self.rows
+
+    def _run_serial(self, todo: list[Cell], threads: int | None, bar: tqdm) -> None:
+        quiet_flower()
+        set_threads(threads)
+        for cell in todo:
+            bar.set_postfix_str(cell.id)
+
+            def on_round(round_number: int, strategy: Any, cell: Cell = cell) -> None:
+                bar.set_postfix_str(f"{cell.id} round {round_number}")
+
+            try:
+                result = run_cell(cell.overrides, cell.id, self.runs_dir, on_round)
+            except Exception as err:  # noqa: BLE001 - one broken cell must not lose the others
+                self._failed(cell, err)
+            else:
+                self._finish(cell, result)
+            bar.update()
+
+    def _run_parallel(self, todo: list[Cell], workers: int, threads: int | None, bar: tqdm) -> None:
+        # spawn: a fresh interpreter per worker (fork after torch has started threads is unsafe)
+        context = multiprocessing.get_context("spawn")
+        with ProcessPoolExecutor(workers, mp_context=context, initializer=_worker_init,
+                                 initargs=(threads,)) as pool:
+            running: dict[Future, Cell] = {
+                pool.submit(_run_in_worker, dict(c.overrides), c.id, str(self.runs_dir)): c for c in todo
+            }
+            while running:
+                done, _ = wait(running, return_when=FIRST_COMPLETED)
+                for future in done:
+                    cell = running.pop(future)
+                    try:
+                        self._finish(cell, future.result())
+                    except Exception as err:  # noqa: BLE001
+                        self._failed(cell, err)
+                    bar.set_postfix_str(cell.id)
+                    bar.update()
+
+    def _failed(self, cell: Cell, err: BaseException) -> None:
+        self.failures[cell.id] = f"{type(err).__name__}: {err}"
+        log.error("cell %s failed: %s", cell.id, self.failures[cell.id])
+

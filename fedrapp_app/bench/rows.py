@@ -1,0 +1,149 @@
+"""The benchmark's results file: one JSON row per finished cell in ``<bench-dir>/cells.jsonl``.
+
+A row holds everything the reports need, so they never reopen a run folder: the cell's overrides and
+identity key, its labels in every grid, the run's summary numbers, per-round curves over all clients and
+per-client curves (accuracy, reliability r, memory rate mu, peer share gamma, the share of the peer weight
+that falls on clients of the same shift domain). The file is rewritten through a rename after each cell,
+so an interrupted grid leaves only whole rows behind.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections import defaultdict
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+ROWS_FILE = "cells.jsonl"
+
+
+def rows_path(bench_dir: str | Path) -> Path:
+    """Where a bench directory keeps its rows."""
+    return Path(bench_dir) / ROWS_FILE
+
+
+def read_rows(bench_dir: str | Path) -> list[dict[str, Any]]:
+    """The rows of ``bench_dir`` (empty when nothing finished yet)."""
+    path = rows_path(bench_dir)
+    if not path.exists():
+        return []
+    rows = []
+    for number, line in enumerate(path.read_text().splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError as err:
+            raise ValueError(f"{path}:{number} is not a JSON row ({err}); delete that line to rerun its cell") from err
+    return rows
+
+
+def write_rows(bench_dir: str | Path, rows: Iterable[Mapping[str, Any]]) -> None:
+    """Replace the rows file atomically (temporary file + rename)."""
+    path = rows_path(bench_dir)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text("".join(json.dumps(row, sort_keys=False) + "\n" for row in rows))
+    tmp.replace(path)
+
+
+def write_text_atomic(path: Path, text: str) -> None:
+    """Write a text file through a rename (the reports are regenerated in place)."""
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text)
+    tmp.replace(path)
+
+
+def _same_domain_share(peers: Mapping[str, float], client: int, domains: Sequence[str | None]) -> float | None:
+    """Share of a client's peer weight on clients of its own shift domain (None without peers or domains)."""
+    total = sum(peers.values())
+    if not peers or total <= 0 or domains[client] is None:
+        return None
+    return sum(w for j, w in peers.items() if domains[int(j)] == domains[client]) / total
+
+
+def curves_from_rounds(rounds: Sequence[Mapping[str, Any]], domains: Sequence[str | None]) -> dict[str, Any]:
+    """Per-round and per-client curves from a run's ``rounds.jsonl`` rows (only clients with status ok).
+
+    Returns ``{"rounds": {round, n, correct, correct_before, clients}, "clients": {id: {...}}}``; every list
+    in a block has one entry per round that block took part in.
+    """
+    by_round: dict[int, list[int]] = defaultdict(lambda: [0, 0, 0, 0])  # n, correct, correct_before, clients
+    clients: dict[int, dict[str, list]] = {}
+    for row in rounds:
+        if row.get("status") != "ok":
+            continue
+        t, c = int(row["round"]), int(row["client"])
+        agg = by_round[t]
+        agg[0] += row["num_examples"]
+        agg[1] += row["correct"]
+        agg[2] += row["correct_before"]
+        agg[3] += 1
+        block = clients.setdefault(c, {"domain": domains[c] if c < len(domains) else None, **{
+            k: [] for k in ("round", "n", "acc", "acc_before", "h_pre", "h_post", "update_norm", "r", "mu",
+                            "gamma", "same_domain_share")}})
+        block["round"].append(t)
+        block["n"].append(row["num_examples"])
+        for key in ("acc", "acc_before", "h_pre", "h_post"):
+            block[key].append(round(float(row[key]), 6))
+        for key in ("update_norm", "r", "mu", "gamma"):
+            value = row.get(key)
+            block[key].append(None if value is None else round(float(value), 6))
+        share = _same_domain_share(row.get("peer_weights") or {}, c, domains)
+        block["same_domain_share"].append(None if share is None else round(share, 6))
+    order = sorted(by_round)
+    return {
+        "rounds": {
+            "round": order,
+            "n": [by_round[t][0] for t in order],
+            "correct": [by_round[t][1] for t in order],
+            "correct_before": [by_round[t][2] for t in order],
+            "clients": [by_round[t][3] for t in order],
+        },
+        "clients": {str(c): clients[c] for c in sorted(clients)},
+    }
+
+
+def make_row(
+    key: str,
+    cell_id: str,
+    overrides: Mapping[str, Any],
+    grids: Mapping[str, Any],
+    summary: Mapping[str, Any],
+    rounds: Sequence[Mapping[str, Any]],
+    domains: Sequence[str | None],
+    seconds: float,
+) -> dict[str, Any]:
+    """The results row of one finished cell (see the module docstring)."""
+    curves = curves_from_rounds(rounds, domains)
+    per_client_before = [
+        sum(a * n for a, n in zip(b["acc_before"], b["n"], strict=True)) / sum(b["n"])
+        for b in curves["clients"].values() if sum(b["n"])
+    ]
+    return {
+        "key": key,
+        "id": cell_id,
+        "config": dict(overrides),
+        "grids": dict(grids),
+        "summary": {
+            "micro_accuracy": summary["micro_accuracy"],
+            "macro_accuracy": summary["macro_accuracy"],
+            "micro_accuracy_received_prompt": summary["micro_accuracy_received_prompt"],
+            "macro_accuracy_received_prompt": float(np.mean(per_client_before)) if per_client_before else None,
+            "samples": summary["samples"],
+            "rounds": summary["rounds"],
+            "stopped": summary.get("stopped"),
+        },
+        "seconds": round(seconds, 3),
+        "finished": time.strftime("%Y-%m-%dT%H:%M:%S"),
+        "run_dir": summary.get("run_dir"),
+        "full_config": summary.get("config"),
+        "versions": summary.get("versions"),
+        "git": summary.get("git"),
+        **curves,
+    }
+

@@ -1,0 +1,167 @@
+"""Pure aggregation of benchmark rows: settings (a cell without its seed), mean ± std over seeds, gains, best.
+
+A *setting* is one grid's cell with the seed axis removed; its rows are its seeds. ``std`` is the sample
+standard deviation over seeds (ddof = 1; NaN with a single seed). The gain over none-fed is paired: for
+each seed, the cell's accuracy minus that of the none-fed cell with the same overrides (same streams,
+same local method), then mean ± std of those differences.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from fedrapp_app.bench.schema import SEED_AXIS, ZEROSHOT, reference_key
+from fedrapp_app.config import DEFAULTS
+
+#: Summary numbers of a row that the tables report (row["summary"] keys).
+METRICS = ("micro_accuracy", "macro_accuracy", "micro_accuracy_received_prompt")
+
+
+@dataclass(frozen=True)
+class Stat:
+    """Mean and sample std (ddof 1) of ``n`` values."""
+
+    mean: float
+    std: float
+    n: int
+
+    def format(self, scale: float = 100.0, digits: int = 2, signed: bool = False) -> str:
+        """``"61.23 ± 0.45"`` (std left out with a single value, ``"–"`` without values)."""
+        if self.n == 0 or not math.isfinite(self.mean):
+            return "–"
+        sign = "+" if signed else ""
+        text = f"{scale * self.mean:{sign}.{digits}f}"
+        return text if self.n < 2 else f"{text} ± {scale * self.std:.{digits}f}"
+
+
+def mean_std(values: Iterable[float | None]) -> Stat:
+    """Mean ± sample std of the finite values (None and NaN are left out)."""
+    finite = [float(v) for v in values if v is not None and math.isfinite(float(v))]
+    if not finite:
+        return Stat(float("nan"), float("nan"), 0)
+    std = float(np.std(finite, ddof=1)) if len(finite) > 1 else float("nan")
+    return Stat(float(np.mean(finite)), std, len(finite))
+
+
+@dataclass
+class Setting:
+    """One grid's cells that differ only in their seed."""
+
+    grid: str
+    grid_index: int
+    labels: dict[str, str]  # axis -> label, seed axis removed, in axis order
+    order: tuple[int, ...]
+    compare: tuple[str, ...]
+    oracle: bool
+    rows: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def method(self) -> str:
+        """The compared method's name: its compare labels ("adaprompt + fedrapp"; zeroshot alone)."""
+        values = [self.labels[a] for a in self.compare]
+        if ZEROSHOT in values:
+            return ZEROSHOT
+        return " + ".join(dict.fromkeys(values))
+
+    @property
+    def context(self) -> dict[str, str]:
+        """Labels of the axes that are neither compared nor the seed (e.g. the partition)."""
+        return {a: v for a, v in self.labels.items() if a not in self.compare}
+
+    @property
+    def context_name(self) -> str:
+        return ", ".join(self.context.values()) or "all"
+
+    @property
+    def strategy(self) -> str:
+        """The server rule its cells ran (``"zeroshot"`` for the zero-shot reference)."""
+        config = self.rows[0]["config"]
+        if config.get("local-method") == ZEROSHOT:
+            return ZEROSHOT
+        return str(config.get("strategy", DEFAULTS["strategy"]))
+
+    def metric(self, name: str) -> Stat:
+        """Mean ± std over seeds of ``row["summary"][name]``."""
+        return mean_std(row["summary"].get(name) for row in self.rows)
+
+    def seconds(self) -> Stat:
+        return mean_std(row["seconds"] for row in self.rows)
+
+    def gain(self, by_key: Mapping[str, Mapping[str, Any]], metric: str = "micro_accuracy") -> Stat | None:
+        """Paired gain over the none-fed cells with the same overrides; None for none-fed and zeroshot."""
+        if self.strategy in ("none-fed", ZEROSHOT):
+            return None
+        diffs = []
+        for row in self.rows:
+            reference = by_key.get(reference_key(row["config"]))
+            if reference is not None:
+                diffs.append(row["summary"][metric] - reference["summary"][metric])
+        return mean_std(diffs)
+
+
+def settings_of(rows: Sequence[Mapping[str, Any]]) -> list[Setting]:
+    """Group rows into settings, in grid order, then by the YAML order of their labels."""
+    groups: dict[tuple, Setting] = {}
+    for row in rows:
+        for grid, member in row["grids"].items():
+            axes = list(member["labels"])
+            keep = [i for i, a in enumerate(axes) if a != SEED_AXIS]
+            labels = {axes[i]: member["labels"][axes[i]] for i in keep}
+            order = tuple(member["order"][i] for i in keep)
+            ident = (grid, tuple(labels.items()))
+            if ident not in groups:
+                groups[ident] = Setting(grid, member["index"], labels, order, tuple(member["compare"]),
+                                        bool(member.get("oracle")))
+            groups[ident].rows.append(dict(row))
+
+    def sort_key(s: Setting) -> tuple:
+        axes = list(s.labels)
+        context = tuple(s.order[i] for i, a in enumerate(axes) if a not in s.compare)
+        compared = tuple(s.order[i] for i, a in enumerate(axes) if a in s.compare)
+        return (s.grid_index, s.grid, context, s.method != ZEROSHOT, compared)
+
+    settings = sorted(groups.values(), key=sort_key)
+    for s in settings:
+        s.rows.sort(key=lambda r: r["config"].get(SEED_AXIS, 0))
+    return settings
+
+
+def best_settings(settings: Sequence[Setting], metric: str = "micro_accuracy") -> set[int]:
+    """Indices (into ``settings``) of the best non-oracle setting of each grid and context (ties: all)."""
+    blocks: dict[tuple, list[int]] = {}
+    for i, s in enumerate(settings):
+        if not s.oracle:
+            blocks.setdefault((s.grid, tuple(s.context.items())), []).append(i)
+    best: set[int] = set()
+    for members in blocks.values():
+        means = {i: settings[i].metric(metric).mean for i in members}
+        finite = [m for m in means.values() if math.isfinite(m)]
+        if finite:
+            top = max(finite)
+            best |= {i for i, m in means.items() if m == top}
+    return best
+
+
+def by_key(rows: Iterable[Mapping[str, Any]]) -> dict[str, Mapping[str, Any]]:
+    """Rows indexed by their identity key."""
+    return {row["key"]: row for row in rows}
+
+
+def round_curve(rows: Sequence[Mapping[str, Any]], numerator: str = "correct") -> tuple[np.ndarray, np.ndarray]:
+    """Per-round accuracy over all clients, averaged over the rows (seeds) that reached each round.
+
+    Returns (rounds [T], accuracy [T]); ``numerator`` is ``"correct"`` or ``"correct_before"``.
+    """
+    per_round: dict[int, list[float]] = {}
+    for row in rows:
+        r = row["rounds"]
+        for t, n, c in zip(r["round"], r["n"], r[numerator], strict=True):
+            if n:
+                per_round.setdefault(int(t), []).append(c / n)
+    order = sorted(per_round)
+    return np.array(order, dtype=int), np.array([np.mean(per_round[t]) for t in order])

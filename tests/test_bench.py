@@ -1,0 +1,240 @@
+"""The benchmark runner and its reports: YAML validation, cells, skip/resume, reports from rows, statistics."""
+
+from __future__ import annotations
+
+import contextlib
+import csv
+import json
+import math
+import shutil
+from pathlib import Path
+
+import pytest
+
+import fedrapp_app.bench.grid as grid_module
+from fedrapp_app.bench import BenchError, BenchRunner, load_bench, parse_bench, read_rows
+from fedrapp_app.bench.report import write_report
+from fedrapp_app.bench.schema import identity_key
+from fedrapp_app.bench.stats import Setting, best_settings, by_key, mean_std, settings_of
+from fedrapp_app.testbed import world
+from fedrapp_app.testbed.tiny import make_tiny_clip
+
+
+@pytest.fixture(scope="module")
+def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return make_tiny_clip(tmp_path_factory.mktemp("bench_tiny"), world.CLASSNAMES)
+
+
+def tiny_base(model: Path) -> dict:
+    """2 clients, 2 rounds of 16 images; AdaPrompt updates from the first round on the random model."""
+    return {"model": str(model), "num-clients": 2, "testbed-samples": 128, "batch-size": 16, "num-rounds": 2,
+            "adaprompt-threshold": 0.0, "adaprompt-buffer-size": 16, "decode-workers": 0, "partition": "iid"}
+
+
+def two_cells(model: Path, out: Path) -> dict:
+    return {"name": "tiny", "output": str(out), "base": tiny_base(model),
+            "grids": {"main": {"axes": {"strategy": ["none-fed", "fedrapp"], "seed": [0]}}}}
+
+
+# ----------------------------------------------------------------------------------- YAML and cells
+def test_bad_run_config_values_fail_with_the_run_configs_message():
+    with pytest.raises(BenchError, match=r"(?s)base: .*mu-0 = 0.2: unknown key \(did you mean 'mu0'\?\)"):
+        parse_bench({"base": {"mu-0": 0.2}, "grids": {"g": {"axes": {"seed": [0]}}}})
+    with pytest.raises(BenchError, match=r"(?s)cell fedx/0: .*strategy = 'fedx': must be one of"):
+        parse_bench({"grids": {"g": {"axes": {"strategy": ["fedx"], "seed": [0]}}}})
+    with pytest.raises(BenchError, match=r"(?s)cell bad: .*eta = -1.0: must be >= 0"):
+        parse_bench({"grids": {"g": {"compare": ["v"], "axes": {"v": {"bad": {"eta": -1.0}}}}}})
+
+
+@pytest.mark.parametrize(("source", "message"), [
+    ({"grids": {"g": {"axes": {"seed": [0]}}}, "bsae": {}}, r"unknown entry \['bsae'\]"),
+    ({"grids": {}}, "has no grids"),
+    ({"grids": {"g": {"axes": {"seed": [0]}, "comapre": []}}}, r"unknown entry \['comapre'\]"),
+    ({"grids": {"g": {"axes": {"variant": [1, 2]}}}}, "not a run-config key; name the variants"),
+    ({"grids": {"g": {"axes": {"seed": [0, 0]}}}}, "repeats a value"),
+    ({"grids": {"g": {"compare": ["partition"], "axes": {"seed": [0]}}}}, r"compare lists \['partition'\]"),
+    ({"grids": {"g": {"axes": {"seed": [0]}}}, "base": {"run-name": "x"}}, "set by the benchmark runner"),
+    ({"grids": {"g": {"axes": {"seed": [0]}}}}, "say which axes hold the compared methods"),
+])
+def test_malformed_files_are_rejected_before_anything_runs(source, message):
+    with pytest.raises(BenchError, match=message):
+        parse_bench(source)
+
+
+def test_load_bench_names_the_file(tmp_path):
+    with pytest.raises(BenchError, match="not found"):
+        load_bench(tmp_path / "missing.yaml")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("grids: {g: {axes: {strategy: [nope]}}}\n")
+    with pytest.raises(BenchError, match=r"(?s)bad\.yaml: .*strategy = 'nope'"):
+        load_bench(bad)
+
+
+def test_cells_are_run_configs_deduplicated_by_what_changes_results():
+    spec = parse_bench({
+        "base": {"partition": "iid"},
+        "grids": {
+            "main": {"axes": {"local-method": ["zeroshot", "adaprompt"], "strategy": ["none-fed", "fedrapp"],
+                              "seed": [0, 1]}},
+            "ablations": {"compare": ["variant"], "base": {"local-method": "adaprompt"}, "axes": {
+                "variant": {"fedrapp": {"strategy": "fedrapp"}, "no-peers": {"strategy": "fedrapp", "gamma0": 0},
+                            "none-fed": {"strategy": "none-fed", "mu0": 0.0}},
+                "seed": [0, 1]}},
+        },
+    })
+    # zeroshot: once per seed (strategy irrelevant), labelled "zeroshot", run with none-fed;
+    # ablations: fedrapp and none-fed (whose mu0 cannot matter) are the main grid's cells; no-peers is new.
+    assert len(spec.cells) == 2 * (1 + 2) + 2
+    zeroshot = [c for c in spec.cells if c.overrides["local-method"] == "zeroshot"]
+    assert [c.overrides["strategy"] for c in zeroshot] == ["none-fed", "none-fed"]
+    assert zeroshot[0].memberships[0].labels == {"local-method": "zeroshot", "strategy": "zeroshot", "seed": "0"}
+    shared = [c for c in spec.cells if len(c.memberships) == 2]
+    assert sorted(m.labels["variant"] for c in shared for m in c.memberships if m.grid == "ablations") == [
+        "fedrapp", "fedrapp", "none-fed", "none-fed"]
+    # Identity ignores other rules' and methods' keys, default values, speed keys; not the rule's own keys.
+    base = {"strategy": "none-fed", "local-method": "adaprompt"}
+    assert identity_key(base) == identity_key({**base, "mu0": 0.0, "tpt-views": 8, "decode-workers": 0})
+    assert identity_key(base) == identity_key({**base, "adaprompt-lr": 5e-3})
+    assert identity_key({**base, "strategy": "fedrapp"}) != identity_key({**base, "strategy": "fedrapp", "mu0": 0})
+    assert identity_key({**base, "gamma0": 0}) == identity_key({**base, "gamma0": 0.0})
+
+
+# ------------------------------------------------------------------------------ running, skip, resume
+class CountingRunCell:
+    """Wraps ``grid.run_cell``: counts calls, can raise KeyboardInterrupt in call ``stop_at`` after a round."""
+
+    def __init__(self, stop_at: int | None = None, after_round: int = 0) -> None:
+        self.calls: list[str] = []
+        self.stop_at, self.after_round = stop_at, after_round
+        self.real = grid_module.run_cell
+
+    def __call__(self, overrides, cell_id, runs_dir, on_round=None):
+        self.calls.append(cell_id)
+        stop = len(self.calls) == self.stop_at
+
+        def observe(round_number, strategy):
+            if stop and round_number > self.after_round:
+                raise KeyboardInterrupt
+            if on_round:
+                on_round(round_number, strategy)
+
+        if stop and self.after_round == 0:
+            raise KeyboardInterrupt
+        return self.real(overrides, cell_id, runs_dir, observe)
+
+
+def run_bench(source: dict, monkeypatch, wrapper: CountingRunCell) -> BenchRunner:
+    monkeypatch.setattr(grid_module, "run_cell", wrapper)
+    runner = BenchRunner(parse_bench(source))
+    with contextlib.suppress(KeyboardInterrupt):  # an interrupted grid, as after Ctrl-C
+        runner.run(progress=False)
+    return runner
+
+
+def test_grid_writes_one_row_per_cell_skips_finished_cells_and_resumes(tiny_model, tmp_path, monkeypatch):
+    source = two_cells(tiny_model, tmp_path / "bench")
+    first = run_bench(source, monkeypatch, CountingRunCell(stop_at=2))  # interrupted before the 2nd cell ran
+    rows = read_rows(first.bench_dir)
+    assert [r["config"]["strategy"] for r in rows] == ["none-fed"]
+    assert (first.bench_dir / "bench.yaml").is_file()
+
+    resumed = CountingRunCell()
+    second = run_bench(source, monkeypatch, resumed)
+    assert len(resumed.calls) == 1  # only the cell without a row
+    rows = read_rows(second.bench_dir)
+    assert [r["config"]["strategy"] for r in rows] == ["none-fed", "fedrapp"]
+
+    again = CountingRunCell()
+    run_bench(source, monkeypatch, again)
+    assert again.calls == []  # everything finished: nothing runs
+    row = rows[1]
+    assert row["summary"]["samples"] == 2 * 2 * 16 and row["summary"]["rounds"] == 2
+    assert row["rounds"]["round"] == [1, 2] and sum(row["rounds"]["n"]) == 64
+    assert sum(row["rounds"]["correct"]) / 64 == pytest.approx(row["summary"]["micro_accuracy"])
+    assert set(row["clients"]) == {"0", "1"} and row["clients"]["0"]["domain"] == "gaussian_noise:2"
+    assert all(v is not None for v in row["clients"]["0"]["mu"])  # FedRAPP's per-client diagnostics are kept
+    assert row["grids"]["main"]["labels"] == {"strategy": "fedrapp", "seed": "0"}
+
+
+def test_a_cell_cut_mid_run_continues_from_its_checkpoint(tiny_model, tmp_path, monkeypatch):
+    whole = run_bench(two_cells(tiny_model, tmp_path / "whole"), monkeypatch, CountingRunCell())
+    source = two_cells(tiny_model, tmp_path / "cut")
+    run_bench(source, monkeypatch, CountingRunCell(stop_at=2, after_round=1))  # killed after round 1 of cell 2
+    assert len(read_rows(tmp_path / "cut")) == 1
+    resumed = CountingRunCell()
+    run_bench(source, monkeypatch, resumed)
+    assert len(resumed.calls) == 1
+    cut_row, whole_row = read_rows(tmp_path / "cut")[1], read_rows(whole.bench_dir)[1]
+    assert cut_row["full_config"]["resume"] is True
+    for key in ("micro_accuracy", "macro_accuracy", "micro_accuracy_received_prompt", "samples"):
+        assert cut_row["summary"][key] == whole_row["summary"][key]
+    assert cut_row["rounds"] == whole_row["rounds"] and cut_row["clients"] == whole_row["clients"]
+
+
+def test_renamed_labels_need_no_rerun(tiny_model, tmp_path, monkeypatch):
+    source = two_cells(tiny_model, tmp_path / "bench")
+    run_bench(source, monkeypatch, CountingRunCell())
+    renamed = {**source, "grids": {"main": {"compare": ["rule"], "axes": {
+        "rule": {"local": {"strategy": "none-fed"}, "ours": {"strategy": "fedrapp"}}, "seed": [0]}}}}
+    again = CountingRunCell()
+    run_bench(renamed, monkeypatch, again)
+    assert again.calls == []
+    assert [r["grids"]["main"]["labels"]["rule"] for r in read_rows(tmp_path / "bench")] == ["local", "ours"]
+
+
+def test_report_is_regenerated_from_the_rows_alone(tiny_model, tmp_path, monkeypatch):
+    runner = run_bench(two_cells(tiny_model, tmp_path / "bench"), monkeypatch, CountingRunCell())
+    shutil.rmtree(runner.bench_dir / "runs")  # the reports must not need the run folders
+    report = write_report(runner.bench_dir)
+    text = report.read_text()
+    rows = read_rows(runner.bench_dir)
+    for row in rows:
+        assert f"{100 * row['summary']['micro_accuracy']:.2f}" in text
+    gain = 100 * (rows[1]["summary"]["micro_accuracy"] - rows[0]["summary"]["micro_accuracy"])
+    assert f"{gain:+.2f}" in text
+    out = report.parent
+    assert (out / "curves-main-all.png").stat().st_size > 0
+    assert (out / "fedrapp-main-all-fedrapp.png").stat().st_size > 0
+    with (out / "settings.csv").open() as f:
+        records = list(csv.DictReader(f))
+    assert [r["method"] for r in records] == ["none-fed", "fedrapp"]
+    assert float(records[1]["gain_vs_none_fed_mean"]) == pytest.approx(gain / 100)
+    assert sum(r["best"] == "True" for r in records) >= 1
+
+
+# ------------------------------------------------------------------------------------- statistics
+def fake_row(key: str, strategy: str, seed: int, micro: float, context: str = "iid", oracle: bool = False,
+             **config) -> dict:
+    labels = {"partition": context, "strategy": strategy, "seed": str(seed)}
+    return {"key": key, "config": {"strategy": strategy, "seed": seed, **config},
+            "grids": {"g": {"index": 0, "labels": labels, "order": [0, 0, seed], "compare": ["strategy"],
+                            "oracle": oracle}},
+            "summary": {"micro_accuracy": micro, "macro_accuracy": micro, "micro_accuracy_received_prompt": micro},
+            "seconds": 1.0}
+
+
+def test_mean_and_sample_std_over_seeds():
+    stat = mean_std([0.5, 0.7, None, 0.6, float("nan")])
+    assert stat.n == 3 and stat.mean == pytest.approx(0.6) and stat.std == pytest.approx(0.1)  # ddof = 1
+    assert stat.format() == "60.00 ± 10.00"
+    single = mean_std([0.25])
+    assert single.n == 1 and math.isnan(single.std) and single.format() == "25.00"
+    assert mean_std([]).format() == "–"
+    assert mean_std([0.012, 0.02]).format(signed=True) == "+1.60 ± 0.57"
+
+
+def test_gain_is_paired_by_seed_and_best_skips_oracles():
+    rows = []
+    for seed, (local, ours, oracle) in enumerate([(0.50, 0.53, 0.70), (0.60, 0.61, 0.71)]):
+        rows.append(fake_row(identity_key({"strategy": "none-fed", "seed": seed}), "none-fed", seed, local))
+        rows.append(fake_row(f"f{seed}", "fedrapp", seed, ours))
+        rows.append(fake_row(f"o{seed}", "oracle", seed, oracle, oracle=True))
+    settings = settings_of(rows)
+    assert [s.method for s in settings] == ["none-fed", "fedrapp", "oracle"]
+    fedrapp: Setting = settings[1]
+    gain = fedrapp.gain(by_key(rows))
+    # paired: mean of (0.03, 0.01), not the difference of the means' spreads
+    assert gain.mean == pytest.approx(0.02) and gain.std == pytest.approx(math.sqrt(2) * 0.01)
+    assert settings[0].gain(by_key(rows)) is None
+    assert best_settings(settings) == {1}  # the oracle is higher but never marked
+    assert json.dumps(settings[1].labels) == json.dumps({"partition": "iid", "strategy": "fedrapp"})
