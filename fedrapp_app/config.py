@@ -64,14 +64,15 @@ class Key:
         return _KIND[type(self.default)] + (f" {bounds}" if bounds else "")
 
 
-STRATEGIES = ("fedrapp", "none-fed", "fedavg", "fedamp", "fedamp-cos")
+STRATEGIES = ("fedrapp", "none-fed", "fedavg", "fedamp", "fedamp-cos", "domain-oracle")
 LOCAL_METHODS = ("adaprompt", "tpt", "tpt-online", "zeroshot")
 _DATA = DataSpec()  # the data layer owns its defaults
 
 KEYS: tuple[Key, ...] = (
     # --- experiment -------------------------------------------------------------------------------
     Key("seed", 0, "drives partitions, stream order, augmentations, initialisations, client sampling", minimum=0),
-    Key("strategy", "fedrapp", "server rule", choices=STRATEGIES),
+    Key("strategy", "fedrapp", "server rule ('domain-oracle': a testbed-only reference that knows the domains)",
+        choices=STRATEGIES),
     Key("local-method", "adaprompt", "client test-time method", choices=LOCAL_METHODS),
     Key("model", "testbed", "CLIP checkpoint: 'testbed' (shipped), a local folder or a Hugging Face Hub id"),
     Key("device", "auto", "'auto' (CUDA when present), 'cpu', 'cuda' or 'cuda:N'"),
@@ -206,6 +207,7 @@ RULE_KEYS: dict[str, dict[str, str]] = {
     "fedavg": {},
     "fedamp": {"fedamp-sigma": "sigma", "fedamp-self-min": "min_self_weight"},
     "fedamp-cos": {"fedamp-cos-sigma": "sigma", "fedamp-cos-self-weight": "self_weight"},
+    "domain-oracle": {},  # its parameter, the client -> domain map, comes from the data spec
 }
 
 #: Run-config keys of the data layer -> DataSpec fields.
@@ -235,6 +237,7 @@ class RunConfig:
         values = check_values(run_config)
         config = cls(values)
         config.data_spec()  # the data layer checks its own combinations (domains, sources) here, cheaply
+        config.rule_params()  # and the domain oracle its domain map
         return config
 
     def __getitem__(self, key: str) -> Scalar:
@@ -245,10 +248,26 @@ class RunConfig:
         name = str(self.values["local-method"])
         return name, {param: self.values[key] for key, param in METHOD_KEYS[name].items()}
 
-    def rule_params(self) -> tuple[str, dict[str, Scalar]]:
+    def rule_params(self) -> tuple[str, dict[str, Any]]:
         """Name and hyperparameters of the server rule."""
         name = str(self.values["strategy"])
-        return name, {param: self.values[key] for key, param in RULE_KEYS[name].items()}
+        params: dict[str, Any] = {param: self.values[key] for key, param in RULE_KEYS[name].items()}
+        if name == "domain-oracle":
+            params["groups"] = self.domain_groups()
+        return name, params
+
+    def domain_groups(self) -> tuple[int, ...]:
+        """Each client's shift-domain index (testbed only); ``ConfigError`` where no domain map exists."""
+        from fedrapp_app.data import client_domains
+
+        domains = client_domains(self.data_spec())
+        if any(d is None for d in domains):
+            raise ConfigError(
+                "invalid run config:\n  strategy = 'domain-oracle': it needs every client's shift domain, which "
+                "only the testbed with testbed-domains has; it is a reference, not a deployable strategy"
+            )
+        index = {d: i for i, d in enumerate(dict.fromkeys(domains))}
+        return tuple(index[d] for d in domains)
 
     def data_spec(self, **overrides: Scalar):
         """The data layer's spec (``fedrapp_app.data.DataSpec``), validated; ``overrides`` by field name."""

@@ -25,13 +25,16 @@ from fedrapp_app.aggregation.baselines import (
 )
 from fedrapp_app.aggregation.common import Diagnostics, RoundOutput, RoundRule, RuleParams, synthetic_round
 from fedrapp_app.aggregation.fedrapp import ABLATIONS, FedRAPPParams, fedrapp_round
+from fedrapp_app.aggregation.oracle import DomainOracleParams, domain_oracle_round
 
 __all__ = [
     "ABLATIONS",
     "PARAMS",
+    "REFERENCES",
     "RULES",
     "BoundRule",
     "Diagnostics",
+    "DomainOracleParams",
     "FedAMPCosParams",
     "FedAMPParams",
     "FedAvgParams",
@@ -40,6 +43,7 @@ __all__ = [
     "RoundOutput",
     "RoundRule",
     "RuleParams",
+    "domain_oracle_round",
     "fedamp_cos_round",
     "fedamp_round",
     "fedavg_round",
@@ -56,6 +60,7 @@ RULES: dict[str, RoundRule] = {
     "fedavg": fedavg_round,
     "fedamp": fedamp_round,
     "fedamp-cos": fedamp_cos_round,
+    "domain-oracle": domain_oracle_round,  # a reference with privileged information, not a deployable rule
 }
 
 PARAMS: dict[str, type[RuleParams]] = {
@@ -64,7 +69,11 @@ PARAMS: dict[str, type[RuleParams]] = {
     "fedavg": FedAvgParams,
     "fedamp": FedAMPParams,
     "fedamp-cos": FedAMPCosParams,
+    "domain-oracle": DomainOracleParams,
 }
+
+#: Rules that use information a real deployment does not have; every table marks them as references.
+REFERENCES = frozenset({"domain-oracle"})
 
 
 def _check_name(name: str) -> str:
