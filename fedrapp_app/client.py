@@ -22,8 +22,9 @@ import torch
 from flwr.app import ConfigRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
+from fedrapp_app.attacks import poisoned_upload
 from fedrapp_app.checkpoint import load_client_snapshot, save_client_snapshot
-from fedrapp_app.config import RunConfig
+from fedrapp_app.config import RunConfig, attack_clients
 from fedrapp_app.data import ClientStream, build_client_stream
 from fedrapp_app.engine import PromptedCLIP, load_clip
 from fedrapp_app.methods import LocalMethod, make_method
@@ -206,8 +207,11 @@ def train(msg: Message, context: Context) -> Message:
         "pid": os.getpid(),
         **{f"stat-{k}": float(v) for k, v in result.stats.items()},
     }
-    reply = RecordDict({PROMPT: prompt_to_record([b.detach().cpu() for b in result.prompt]),
-                        METRICS: MetricRecord(metrics)})
+    upload = [b.detach().cpu().float() for b in result.prompt]
+    if client.client_id in attack_clients(str(client.config["attack-clients"])):
+        upload = poisoned_upload(str(client.config["attack"]), upload, prompt, float(client.config["attack-scale"]),
+                                 step_generator(seed + 1, client.client_id, position))
+    reply = RecordDict({PROMPT: prompt_to_record(upload), METRICS: MetricRecord(metrics)})
     return Message(reply, reply_to=msg)
 
 

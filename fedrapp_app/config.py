@@ -64,7 +64,8 @@ class Key:
         return _KIND[type(self.default)] + (f" {bounds}" if bounds else "")
 
 
-STRATEGIES = ("fedrapp", "none-fed", "fedavg", "fedamp", "fedamp-cos", "domain-oracle")
+STRATEGIES = ("fedrapp", "none-fed", "fedavg", "fedamp", "fedamp-cos", "fedmedian", "fedtrimmedavg", "krum",
+              "domain-oracle")
 LOCAL_METHODS = ("adaprompt", "tpt", "tpt-online", "zeroshot")
 _DATA = DataSpec()  # the data layer owns its defaults
 
@@ -109,6 +110,11 @@ KEYS: tuple[Key, ...] = (
     Key("testbed-domains", _DATA.testbed_domains,
         "testbed shift domains 'name:severity,...'; client i gets domain i mod D ('clean' = none)"),
     Key("decode-workers", _DATA.decode_workers, "threads decoding images of a batch (0 = in the caller)", minimum=0),
+    # --- adversarial clients (robustness experiments) -----------------------------------------------
+    Key("attack", "none", "what the clients in attack-clients upload instead of their tuned prompt",
+        choices=("none", "random", "scaled")),  # see fedrapp_app/attacks.py
+    Key("attack-clients", "", "comma-separated ids of adversarial clients, e.g. '0,5'"),
+    Key("attack-scale", 10.0, "scaled attack: the upload is sent + attack-scale * (tuned - sent)", minimum=0.0),
     # --- local methods ----------------------------------------------------------------------------
     Key("adaprompt-lr", 5e-3, "AdaPrompt AdamW learning rate", minimum=0.0, exclusive_minimum=True),
     Key("adaprompt-threshold", 0.7, "AdaPrompt confidence threshold of the buffer", minimum=0.0, maximum=1.0),
@@ -131,6 +137,8 @@ KEYS: tuple[Key, ...] = (
     Key("fedamp-sigma", 1.0, "FedAMP kernel scale sigma of exp(-||Pi - Pj||^2 / sigma)", minimum=0.0,
         exclusive_minimum=True),
     Key("fedamp-self-min", 0.1, "FedAMP smallest self weight xi_ii", minimum=0.0, maximum=1.0),
+    Key("trimmed-beta", 0.2, "FedTrimmedAvg share cut at each end", minimum=0.0, maximum=0.49),
+    Key("krum-malicious", 1.0, "Krum: number of adversarial clients tolerated", minimum=0.0),
     Key("fedamp-cos-sigma", 10.0, "HeurFedAMP (fedamp-cos) sharpness of exp(sigma * cos)", minimum=0.0,
         exclusive_minimum=True),
     Key("fedamp-cos-self-weight", 0.5, "HeurFedAMP (fedamp-cos) fixed self weight xi_ii", minimum=0.0,
@@ -167,6 +175,11 @@ def check_values(run_config: Mapping[str, Any]) -> dict[str, Scalar]:
     return values
 
 
+def attack_clients(text: str) -> frozenset[int]:
+    """Client ids of ``attack-clients`` ('' = none); ValueError on anything but comma-separated integers."""
+    return frozenset(int(part) for part in text.split(",") if part.strip())
+
+
 def _check_combinations(v: Mapping[str, Scalar]) -> None:
     """Contradictions between keys that each look fine alone."""
     problems = []
@@ -183,6 +196,16 @@ def _check_combinations(v: Mapping[str, Scalar]) -> None:
             f"the testbed CLIP only knows the testbed world's words, not dataset {v['dataset']!r}; "
             "use a real CLIP such as model=\"openai/clip-vit-base-patch16\"",
         ))
+    try:
+        attackers = attack_clients(str(v["attack-clients"]))
+    except ValueError:
+        problems.append(_problem("attack-clients", v["attack-clients"], "must be comma-separated client ids"))
+    else:
+        if any(not 0 <= c < v["num-clients"] for c in attackers):
+            problems.append(_problem("attack-clients", v["attack-clients"],
+                                     f"ids must be in 0..{v['num-clients'] - 1}"))
+        if attackers and v["attack"] == "none":
+            problems.append(_problem("attack", "none", "attack-clients is set: choose 'random' or 'scaled'"))
     device = str(v["device"])
     if not (device in ("auto", "cpu", "cuda") or (device.startswith("cuda:") and device[5:].isdigit())):
         problems.append(_problem("device", device, "must be 'auto', 'cpu', 'cuda' or 'cuda:N'"))
@@ -207,6 +230,9 @@ RULE_KEYS: dict[str, dict[str, str]] = {
     "fedavg": {},
     "fedamp": {"fedamp-sigma": "sigma", "fedamp-self-min": "min_self_weight"},
     "fedamp-cos": {"fedamp-cos-sigma": "sigma", "fedamp-cos-self-weight": "self_weight"},
+    "fedmedian": {},
+    "fedtrimmedavg": {"trimmed-beta": "beta"},
+    "krum": {"krum-malicious": "num_malicious"},
     "domain-oracle": {},  # its parameter, the client -> domain map, comes from the data spec
 }
 

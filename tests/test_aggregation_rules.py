@@ -20,8 +20,9 @@ from fedrapp_app.aggregation import (
     synthetic_round,
 )
 
-# fedavg sends the global prompt to all; so does domain-oracle without a domain map (one domain)
-KEEPS_ABSENT_ROWS = [name for name in RULES if name not in ("fedavg", "domain-oracle")]
+# The global rules send one prompt to all; so does domain-oracle without a domain map (one domain).
+GLOBAL_RULES = ("fedavg", "fedmedian", "fedtrimmedavg", "krum", "domain-oracle")
+KEEPS_ABSENT_ROWS = [name for name in RULES if name not in GLOBAL_RULES]
 
 
 @pytest.mark.parametrize("name", list(RULES))
@@ -113,7 +114,7 @@ def test_make_rule_binds_the_params_and_gives_the_same_result_as_the_function() 
 
 def test_every_rule_has_params_and_every_ablation_is_valid() -> None:
     assert set(RULES) == set(PARAMS) == {"fedrapp", "none-fed", "fedavg", "fedamp", "fedamp-cos",
-                                         "domain-oracle"}
+                                         "fedmedian", "fedtrimmedavg", "krum", "domain-oracle"}
     for name in RULES:
         overrides = {"groups": (0, 1)} if name == "domain-oracle" else None  # its domain map is required
         assert isinstance(make_params(name, overrides), PARAMS[name])

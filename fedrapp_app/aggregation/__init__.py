@@ -26,8 +26,22 @@ from fedrapp_app.aggregation.baselines import (
 from fedrapp_app.aggregation.common import Diagnostics, RoundOutput, RoundRule, RuleParams, synthetic_round
 from fedrapp_app.aggregation.fedrapp import ABLATIONS, FedRAPPParams, fedrapp_round
 from fedrapp_app.aggregation.oracle import DomainOracleParams, domain_oracle_round
+from fedrapp_app.aggregation.robust import (
+    FedMedianParams,
+    FedTrimmedAvgParams,
+    KrumParams,
+    fedmedian_round,
+    fedtrimmedavg_round,
+    krum_round,
+)
 
 __all__ = [
+    "krum_round",
+    "fedtrimmedavg_round",
+    "fedmedian_round",
+    "KrumParams",
+    "FedTrimmedAvgParams",
+    "FedMedianParams",
     "ABLATIONS",
     "PARAMS",
     "REFERENCES",
@@ -60,6 +74,9 @@ RULES: dict[str, RoundRule] = {
     "fedavg": fedavg_round,
     "fedamp": fedamp_round,
     "fedamp-cos": fedamp_cos_round,
+    "fedmedian": fedmedian_round,
+    "fedtrimmedavg": fedtrimmedavg_round,
+    "krum": krum_round,
     "domain-oracle": domain_oracle_round,  # a reference with privileged information, not a deployable rule
 }
 
@@ -69,6 +86,9 @@ PARAMS: dict[str, type[RuleParams]] = {
     "fedavg": FedAvgParams,
     "fedamp": FedAMPParams,
     "fedamp-cos": FedAMPCosParams,
+    "fedmedian": FedMedianParams,
+    "fedtrimmedavg": FedTrimmedAvgParams,
+    "krum": KrumParams,
     "domain-oracle": DomainOracleParams,
 }
 
