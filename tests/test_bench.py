@@ -238,3 +238,33 @@ def test_gain_is_paired_by_seed_and_best_skips_oracles():
     assert settings[0].gain(by_key(rows)) is None
     assert best_settings(settings) == {1}  # the oracle is higher but never marked
     assert json.dumps(settings[1].labels) == json.dumps({"partition": "iid", "strategy": "fedrapp"})
+
+
+# ------------------------------------------------------------------------------- command line, estimate
+def test_command_line_validates_lists_and_overrides_the_base(tmp_path, capsys):
+    from fedrapp_app.bench.__main__ import main, parse_assignments
+
+    assert parse_assignments(["data-dir=/data", "mu0=0.4", "tpt-augmix=true", "hf-repo="]) == {
+        "data-dir": "/data", "mu0": 0.4, "tpt-augmix": True, "hf-repo": ""}
+    with pytest.raises(BenchError, match="KEY=VALUE"):
+        parse_assignments(["mu0"])
+    conf = Path(__file__).resolve().parents[1] / "conf" / "bench"
+    assert main([str(conf / "testbed.yaml"), "--dry-run", "--out", str(tmp_path)]) == 0
+    assert main([str(conf / "paper.yaml"), "--dry-run", "--out", str(tmp_path), "--set", "data-dir=/x"]) == 0
+    assert "'data-dir': '/x'" in capsys.readouterr().out
+    assert main([str(conf / "paper.yaml"), "--dry-run", "--set", "mu0=-1"]) == 2
+    assert "mu0 = -1: must be >= 0.0" in capsys.readouterr().err
+
+
+def test_estimate_scales_measured_costs_linearly_in_the_classes():
+    from fedrapp_app.bench.estimate import StepCost, estimate_table
+
+    cost = StepCost(flops=(2e12, 1e10), saved_bytes=(0.0, 2**20), cpu_seconds=1.0)
+    assert cost.at(1000) == (2e12 + 1e13, 1000 * 2**20)
+    table = estimate_table(cost, StepCost((2e12, 0.0), (0.0, 0.0), 1.0), (0.0, 0.0), 0.0, peak_tflops=1000,
+                           utilization=0.5, step_overhead=0.0, decode_workers=1, clients=10)
+    imagenet = next(line for line in table.splitlines() if line.startswith("| imagenet |"))
+    steps = math.ceil(50000 / 64) + 5
+    # steps x 12 TFLOP at 500 TFLOP/s; memory: 1.5 x 1000 MiB saved + 1 GiB
+    assert imagenet == (f"| imagenet | 1000 | 50000 | {steps} | {steps * 12:.0f} | {steps * 12 / 500 / 60:.1f} | "
+                        f"{steps * 2 / 500 / 60:.1f} | {1.5 * 1000 / 1024 + 1:.1f} |")

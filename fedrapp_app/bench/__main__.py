@@ -5,14 +5,30 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
+from typing import Any
+
+import yaml
 
 from fedrapp_app.bench.grid import BenchRunner
 from fedrapp_app.bench.schema import BenchError, load_bench
 
 
+def parse_assignments(items: list[str]) -> dict[str, Any]:
+    """``["data-dir=/data", "mu0=0.4"]`` -> ``{"data-dir": "/data", "mu0": 0.4}`` (values read as YAML scalars)."""
+    out = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise BenchError(f"--set {item!r}: expected KEY=VALUE, e.g. --set data-dir=/data/coop")
+        out[key.strip()] = yaml.safe_load(value) if value.strip() else ""
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m fedrapp_app.bench", description=__doc__.splitlines()[0])
     parser.add_argument("config", type=Path, help="benchmark YAML (e.g. conf/bench/testbed.yaml)")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                        help="override a run-config key of the file's base (repeatable), e.g. --set data-dir=/data")
     parser.add_argument("--out", type=Path, default=None, help="bench directory (default: the YAML's 'output')")
     parser.add_argument("--workers", type=int, default=1, help="cells run in parallel processes (default 1)")
     parser.add_argument("--threads", type=int, default=1,
@@ -25,7 +41,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--workers must be >= 1, --threads >= 0 and --limit >= 0")
 
     try:
-        spec = load_bench(args.config)
+        spec = load_bench(args.config, parse_assignments(args.set))
     except BenchError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

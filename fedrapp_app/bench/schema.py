@@ -234,8 +234,11 @@ def parse_bench(source: Mapping[str, Any], default_name: str = "bench") -> Bench
     return BenchSpec(name, output, list(cells.values()), tuple(map(str, oracles)), dict(source))
 
 
-def load_bench(path: str | Path) -> BenchSpec:
-    """Read and validate a benchmark YAML file (see the module docstring for the format)."""
+def load_bench(path: str | Path, base_overrides: Mapping[str, Any] | None = None) -> BenchSpec:
+    """Read and validate a benchmark YAML file (see the module docstring for the format).
+
+    ``base_overrides`` replace entries of the file's ``base`` (``--set key=value`` on the command line).
+    """
     path = Path(path)
     if not path.is_file():
         raise BenchError(f"benchmark file {path} not found (e.g. conf/bench/testbed.yaml)")
@@ -243,6 +246,8 @@ def load_bench(path: str | Path) -> BenchSpec:
         source = yaml.safe_load(path.read_text())
     except yaml.YAMLError as err:
         raise BenchError(f"{path} is not valid YAML: {err}") from err
+    if base_overrides and isinstance(source, dict):
+        source["base"] = {**_mapping(source.get("base"), "base"), **base_overrides}
     try:
         return parse_bench(source, default_name=path.stem)
     except BenchError as err:
