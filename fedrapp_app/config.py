@@ -10,6 +10,7 @@ from __future__ import annotations
 import difflib
 from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from fedrapp_app.data.spec import DataSpec
@@ -124,7 +125,7 @@ KEYS: tuple[Key, ...] = (
     Key("tpt-views", 63, "TPT augmented views per image (plus the original)", minimum=1),
     Key("tpt-keep-ratio", 0.1, "TPT share of lowest-entropy views kept", minimum=0.0, exclusive_minimum=True,
         maximum=1.0),
-    Key("tpt-augmix", False, "TPT: AugMix views instead of random resized crop + flip"),
+    Key("tpt-augmix", False, "TPT: AugMix on top of the random resized crop + flip views"),
     # --- FedRAPP (SPEC §4) and FedAMP (SPEC §5) ---------------------------------------------------
     Key("lambda-drop", 1.0, "FedRAPP weight of the entropy drop H_pre - H_post in the reliability", minimum=0.0),
     Key("lambda-ent", 0.5, "FedRAPP weight of the post-adaptation entropy in the reliability", minimum=0.0),
@@ -343,7 +344,23 @@ def pyproject_block() -> str:
     return "\n".join(lines)
 
 
+def sync_docs(root: Path) -> None:
+    """Rewrite README.md's configuration table and pyproject.toml's config block from ``KEYS`` (for developers
+    who add or change a key: ``python -m fedrapp_app.config --sync``; a test checks they agree)."""
+    import re
+
+    readme = root / "README.md"
+    table = re.compile(r"\| key \| default \| allowed \| meaning \|\n\|---\|---\|---\|---\|\n(\|.*\|\n)+")
+    readme.write_text(table.sub(lambda _: markdown_table() + "\n", readme.read_text()))
+    pyproject = root / "pyproject.toml"
+    block = re.compile(r"\[tool\.flwr\.app\.config\]\n.*?\n\n", re.S)
+    pyproject.write_text(block.sub(lambda _: pyproject_block() + "\n\n", pyproject.read_text()))
+
+
 if __name__ == "__main__":
     import sys
 
-    print(pyproject_block() if "--pyproject" in sys.argv else markdown_table())
+    if "--sync" in sys.argv:
+        sync_docs(Path(__file__).resolve().parent.parent)
+    else:
+        print(pyproject_block() if "--pyproject" in sys.argv else markdown_table())

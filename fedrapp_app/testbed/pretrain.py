@@ -211,6 +211,7 @@ def pretrain(
     eval_every: int = 100,
     threads: int = 2,
     bf16: bool = True,
+    init_from: str | Path | None = None,
     log: Callable[[str], None] = _say,
 ) -> dict[str, float]:
     """Train a CLIP of ``preset`` size and save it to ``output``; return final metrics.
@@ -223,8 +224,7 @@ def pretrain(
         raise ValueError(f"unknown preset {preset!r}; choose one of {', '.join(PRESETS)}")
     if steps < 1 or batch_size < 2 or pool_size < batch_size:
         raise ValueError(
-            f"need steps >= 1, batch_size >= 2, pool_size >= batch_size; got {steps}, {batch_size}, "
-            f"{pool_size}"
+            f"need steps >= 1, batch_size >= 2, pool_size >= batch_size; got {steps}, {batch_size}, {pool_size}"
         )
     if not 0.0 <= domain_share <= 1.0 or not 0.0 <= domain_caption_share <= 1.0:
         raise ValueError("domain_share and domain_caption_share are probabilities in [0, 1]")
@@ -237,7 +237,12 @@ def pretrain(
     words = words_of(t.replace("{}", "") for t in VOCABULARY_TEXTS)
     tokenizer = save_word_tokenizer(words, arch.max_length, output)
     processor = image_processor()
-    model = CLIPModel(clip_config(arch, tokenizer))
+    if init_from is None:
+        model = CLIPModel(clip_config(arch, tokenizer))
+    else:  # continue a previous run (a second stage); the vocabulary must be the same
+        model = CLIPModel.from_pretrained(str(init_from), local_files_only=True)
+        if model.config.text_config.vocab_size != len(tokenizer):
+            raise ValueError(f"--init-from {init_from}: its vocabulary differs from the world's; retrain from scratch")
     model.train()
 
     started = time.perf_counter()
@@ -326,6 +331,8 @@ def pretrain(
             domain_share=domain_share,
             domain_caption_share=domain_caption_share,
             max_level=max_level,
+            bf16=bf16,
+            init_from=None if init_from is None else str(init_from),
         ),
         "metrics": metrics,
         "torch": torch.__version__,
@@ -351,9 +358,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         default=0.8,
         help="share of corrupted renders with a domain word",
     )
-    parser.add_argument(
-        "--max-level", type=float, default=1.0, help="strongest corruption level (severity units)"
-    )
+    parser.add_argument("--max-level", type=float, default=1.0, help="strongest corruption level (severity units)")
     parser.add_argument("--eval-every", type=int, default=100)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument(
@@ -362,6 +367,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         default="bf16",
         help="autocast of the towers (weights stay fp32)",
     )
+    parser.add_argument("--init-from", type=Path, help="start from this checkpoint folder (a second stage)")
     args = parser.parse_args(argv)
     pretrain(
         args.output,
@@ -377,6 +383,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         eval_every=args.eval_every,
         threads=args.threads,
         bf16=args.precision == "bf16",
+        init_from=args.init_from,
     )
 
 
