@@ -41,6 +41,7 @@ from fedrapp_app.methods.base import (
     check_prompt,
     check_state_keys,
     detached,
+    initial_context,
     load_adamw_state,
     mean_entropy,
 )
@@ -139,6 +140,7 @@ class AdaPromptParams:
     lr: float = 5e-3
     weight_decay: float = 0.01  # torch.optim.AdamW's default, used by the reference
     double_softmax: bool = True  # the reference's softmax before CrossEntropyLoss
+    csc: bool = False  # class-specific context (ours for AdaPrompt): each block is [C, n_k, D]
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "init_texts", tuple(self.init_texts))
@@ -165,7 +167,7 @@ class AdaPrompt(LocalMethod):
         self._labeller: tuple[PromptedCLIP, Tensor] | None = None
 
     def initial_prompt(self, pclip: PromptedCLIP) -> list[Tensor]:
-        return [pclip.context_from_text(text) for text in self.params.init_texts]
+        return [initial_context(pclip, text, self.params.csc) for text in self.params.init_texts]
 
     def pseudo_labels(self, pclip: PromptedCLIP, features: Tensor) -> tuple[Tensor, Tensor]:
         """Pseudo-labels and confidences from the frozen initial prompts: Tensor[B, E] -> ([B] long, [B])."""

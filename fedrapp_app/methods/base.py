@@ -39,7 +39,8 @@ class LocalMethod(ABC):
 
     @abstractmethod
     def initial_prompt(self, pclip: PromptedCLIP) -> list[Tensor]:
-        """P0: K blocks Tensor[n_k, D] float32 on cpu, identical on all clients."""
+        """P0: K blocks Tensor[n_k, D] (or [C, n_k, D] with class-specific context) float32 on cpu, identical
+        on all clients."""
 
     @abstractmethod
     def adapt(
@@ -67,6 +68,14 @@ def entropy(logits: Tensor) -> Tensor:
 def mean_entropy(logits: Tensor) -> float:
     """Mean prediction entropy over a batch of logits Tensor[B, C]."""
     return float(entropy(logits.detach()).mean())
+
+
+def initial_context(pclip: PromptedCLIP, text: str, class_specific: bool) -> Tensor:
+    """The context of an init text: Tensor[n, D], or Tensor[C, n, D] with one copy per class (CoOp's
+    class-specific context, CSC). Every class starts from the same words, so P0 is the same on all clients
+    and its class features equal the shared context's."""
+    context = pclip.context_from_text(text)
+    return context.expand(len(pclip.classnames), *context.shape).clone() if class_specific else context
 
 
 def check_prompt(prompt: Sequence[Tensor], reference: Sequence[Tensor], method: str) -> list[Tensor]:

@@ -38,6 +38,7 @@ from fedrapp_app.methods.base import (
     check_prompt,
     check_state_keys,
     detached,
+    initial_context,
     load_adamw_state,
     mean_entropy,
 )
@@ -54,6 +55,7 @@ class TPTParams:
     weight_decay: float = 0.01  # torch.optim.AdamW's default, used by the reference
     augmix: bool = False  # AugMix on top of crop + flip (the reference: fine-grained sets, not ImageNet-*)
     augmix_severity: float = 1.0
+    csc: bool = False  # class-specific context: one [n, D] context per class (CoOp's CSC), block [C, n, D]
     image_chunk: int = 256  # views per image-tower call (memory bound)
     text_chunk: int = 2048  # text sequences per pass in episodic mode (memory bound)
 
@@ -106,7 +108,7 @@ class TPT(LocalMethod):
         self.params = params or TPTParams()
 
     def initial_prompt(self, pclip: PromptedCLIP) -> list[Tensor]:
-        return [pclip.context_from_text(self.params.init_text)]
+        return [initial_context(pclip, self.params.init_text, self.params.csc)]
 
     def view_features(self, pclip: PromptedCLIP, pixel_values: Tensor, generator: torch.Generator) -> Tensor:
         """Features of each image's original view (row 0) and augmented views -> Tensor[B, 1 + n_views, E].
