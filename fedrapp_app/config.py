@@ -67,7 +67,7 @@ class Key:
 
 STRATEGIES = ("fedrapp", "none-fed", "fedavg", "fedamp", "fedamp-cos", "fedmedian", "fedtrimmedavg", "krum",
               "domain-oracle")
-LOCAL_METHODS = ("adaprompt", "tpt", "tpt-online", "zeroshot")
+LOCAL_METHODS = ("adaprompt", "im", "tpt", "tpt-online", "zeroshot")
 _DATA = DataSpec()  # the data layer owns its defaults
 
 KEYS: tuple[Key, ...] = (
@@ -126,6 +126,15 @@ KEYS: tuple[Key, ...] = (
     Key("tpt-keep-ratio", 0.1, "TPT share of lowest-entropy views kept", minimum=0.0, exclusive_minimum=True,
         maximum=1.0),
     Key("tpt-augmix", False, "TPT: AugMix on top of the random resized crop + flip views"),
+    Key("im-lr", 5e-3, "IM (ours) AdamW learning rate", minimum=0.0, exclusive_minimum=True),
+    Key("im-diversity-weight", 1.0, "IM weight of the diversity term (0 = plain entropy minimisation, which collapses)",
+        minimum=0.0),
+    Key("im-marginal", "batch", "IM diversity term: 'batch' = entropy of the batch-mean prediction, 'ema' = "
+        "against a running marginal kept on the client", choices=("batch", "ema")),
+    Key("im-ema-momentum", 0.5, "IM weight of the past in the running marginal (im-marginal = 'ema')",
+        minimum=0.0, maximum=0.999),
+    Key("csc", False, "class-specific context (ours): one context per class (CoOp's CSC) in tpt, tpt-online, "
+        "adaprompt, im"),
     # --- FedRAPP (SPEC §4) and FedAMP (SPEC §5) ---------------------------------------------------
     Key("lambda-drop", 1.0, "FedRAPP weight of the entropy drop H_pre - H_post in the reliability", minimum=0.0),
     Key("lambda-ent", 0.5, "FedRAPP weight of the post-adaptation entropy in the reliability", minimum=0.0),
@@ -217,8 +226,12 @@ def _check_combinations(v: Mapping[str, Scalar]) -> None:
 #: Run-config keys of each local method's hyperparameters -> the method's parameter names.
 METHOD_KEYS: dict[str, dict[str, str]] = {
     "adaprompt": {"adaprompt-lr": "lr", "adaprompt-threshold": "threshold",
-                  "adaprompt-buffer-size": "buffer_size", "adaprompt-double-softmax": "double_softmax"},
-    "tpt": {"tpt-lr": "lr", "tpt-views": "n_views", "tpt-keep-ratio": "keep_ratio", "tpt-augmix": "augmix"},
+                  "adaprompt-buffer-size": "buffer_size", "adaprompt-double-softmax": "double_softmax",
+                  "csc": "csc"},
+    "tpt": {"tpt-lr": "lr", "tpt-views": "n_views", "tpt-keep-ratio": "keep_ratio", "tpt-augmix": "augmix",
+            "csc": "csc"},
+    "im": {"im-lr": "lr", "im-diversity-weight": "diversity_weight", "im-marginal": "marginal",
+           "im-ema-momentum": "ema_momentum", "csc": "csc"},
     "zeroshot": {},
 }
 METHOD_KEYS["tpt-online"] = METHOD_KEYS["tpt"]

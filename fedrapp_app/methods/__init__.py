@@ -8,6 +8,7 @@ from typing import Any
 
 from fedrapp_app.methods.adaprompt import AdaPrompt, AdaPromptParams, ConfidenceBuffer
 from fedrapp_app.methods.base import Adaptation, LocalMethod
+from fedrapp_app.methods.im import IMParams, InformationMaximisation
 from fedrapp_app.methods.tpt import TPT, TPTOnline, TPTParams
 from fedrapp_app.methods.zeroshot import ZeroShot, ZeroShotParams
 
@@ -17,6 +18,7 @@ METHODS: dict[str, tuple[type[LocalMethod], type]] = {
     "tpt": (TPT, TPTParams),
     "tpt-online": (TPTOnline, TPTParams),
     "adaprompt": (AdaPrompt, AdaPromptParams),
+    "im": (InformationMaximisation, IMParams),  # ours (SHOT-style information maximisation)
 }
 
 
@@ -73,6 +75,8 @@ __all__ = [
     "AdaPromptParams",
     "Adaptation",
     "ConfidenceBuffer",
+    "IMParams",
+    "InformationMaximisation",
     "LocalMethod",
     "TPTOnline",
     "TPTParams",
