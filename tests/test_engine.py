@@ -45,13 +45,15 @@ def test_golden_context_equals_hard_prompt(tiny_clip, tiny_pclip):
     assert (ours - full).abs().max() <= 1e-5
 
 
-def test_text_pass_stops_at_last_eos(tiny_clip, tiny_pclip):
+def test_text_pass_stops_at_last_eos(tiny_clip):
+    unshared = PromptedCLIP(tiny_clip, TINY_CLASSNAMES)
+    unshared.shared_prefix = False  # the general path (class-specific contexts) runs the encoder module
     lengths = []
     hook = tiny_clip.model.text_model.encoder.register_forward_hook(
         lambda module, args, kwargs, out: lengths.append(kwargs["inputs_embeds"].shape[1]), with_kwargs=True)
     try:
         with torch.no_grad():
-            tiny_pclip.text_features([tiny_pclip.context_from_text("a photo of a")])
+            unshared.text_features([unshared.context_from_text("a photo of a")])
     finally:
         hook.remove()
     longest_hard = max(len(tiny_clip.tokenizer(f"a photo of a {n}.")["input_ids"]) for n in TINY_CLASSNAMES)
@@ -65,6 +67,62 @@ def test_cut_text_pass_equals_the_full_length_pass(tiny_clip):
     blocks = [cut.context_from_text("an image of a"), cut.random_context(3, torch.Generator().manual_seed(0))]
     with torch.no_grad():
         assert (cut.text_features(blocks) - full.text_features(blocks)).abs().max() <= 1e-5
+
+
+def test_shared_prefix_pass_equals_the_full_pass_with_gradients(tiny_clip):
+    shared = PromptedCLIP(tiny_clip, TINY_CLASSNAMES)
+    full = PromptedCLIP(tiny_clip, TINY_CLASSNAMES)
+    full.full_length_text = True
+    generator = torch.Generator().manual_seed(0)
+    blocks = [shared.context_from_text("an image of a"), shared.random_context(1, generator),
+              shared.random_context(6, generator)]  # prefixes of 5, 2 and 7 rows: padding is exercised
+    weights = torch.randn(3, len(TINY_CLASSNAMES), tiny_clip.model.config.projection_dim, generator=generator)
+    grads = []
+    for pclip in (shared, full):
+        params = [block.clone().requires_grad_(True) for block in blocks]
+        features = pclip.text_features(params)
+        (features * weights).sum().backward()
+        grads.append((features.detach(), [p.grad for p in params]))
+    (ours, ours_grads), (reference, reference_grads) = grads
+    assert (ours - reference).abs().max() <= 1e-5
+    for got, want in zip(ours_grads, reference_grads, strict=True):
+        assert (got - want).abs().max() <= 1e-5 * max(1.0, float(want.abs().max()))
+    with torch.no_grad():  # G stacked copies, and a bf16 autocast pass, take the same path
+        stacked = shared.text_features_stacked(torch.stack([blocks[0], blocks[0] + 0.1]))
+        assert (stacked[0] - reference[0]).abs().max() <= 1e-5
+        low = PromptedCLIP(load_clip(tiny_clip.source, device="cpu", precision="bf16"), TINY_CLASSNAMES)
+        assert (low.text_features(blocks) - reference).abs().max() < 0.1
+
+
+def test_shared_prefix_pass_runs_each_prefix_once_and_no_padding(tiny_clip):
+    pclip = PromptedCLIP(tiny_clip, TINY_CLASSNAMES)
+    rows = []
+    hook = tiny_clip.model.text_model.encoder.layers[0].mlp.register_forward_hook(
+        lambda module, args, out: rows.append(args[0].shape[:-1]))
+    try:
+        with torch.no_grad():
+            pclip.text_features([pclip.context_from_text("a photo of a"), pclip.context_from_text("an image of a")])
+    finally:
+        hook.remove()
+    suffix_tokens = sum(len(tiny_clip.tokenizer(f"{n}.", add_special_tokens=False)["input_ids"]) + 1
+                        for n in TINY_CLASSNAMES)
+    assert rows == [(2, 5), (2, suffix_tokens)]  # 2 prefixes of [SOS] + 4 words; every class token once
+
+
+def test_constant_text_features_are_cached_by_content(tiny_clip):
+    pclip = PromptedCLIP(tiny_clip, TINY_CLASSNAMES)
+    pclip.constant_cache_size = 2
+    a, b, c = (pclip.context_from_text(t) for t in ("a photo of a", "an image of a", "a noisy picture of a"))
+    first = pclip.constant_text_features([a, b])
+    with torch.no_grad():
+        assert torch.equal(first, pclip.text_features([a, b]))  # bit-identical to recomputing
+    assert pclip.constant_text_features([a.clone(), b.clone()]) is first  # same content, other tensors: a hit
+    assert not first.requires_grad
+    other = pclip.constant_text_features([a, c])
+    assert other is not first and not torch.equal(other, first)
+    assert pclip.constant_text_features([a + 1e-3, b]) is not first  # any change in the values is a miss
+    assert pclip.constant_text_features([a, c]) is other  # still kept: the 2 most recently used entries
+    assert pclip.constant_text_features([a, b]) is not first  # the oldest entry was evicted
 
 
 def test_blocks_shared_class_specific_and_stacked_agree(tiny_pclip):

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from conftest import TINY_CLASSNAMES
 
 from fedrapp_app.methods import METHODS, AdaPromptParams, ConfidenceBuffer, TPTParams, make_method
 from fedrapp_app.methods.tpt import confident_views, marginal_entropy, tpt_loss
@@ -190,6 +191,45 @@ def test_adaprompt_waits_for_a_full_buffer_of_64(tiny_pclip, make_pixels):
             assert "optimizer.step.0" not in method.state_dict()
     assert result.stats["updated"] == 1 and not torch.equal(result.prompt[0], prompt[0])
     assert float(method.state_dict()["optimizer.step.0"]) == 1
+
+
+def test_adaprompt_labeller_runs_once_per_process_and_changes_nothing(tiny_clip, make_pixels):
+    """Each round builds a new method object (client.py); the frozen labeller's text pass is still done once."""
+    from fedrapp_app.engine import PromptedCLIP
+
+    cached, uncached = PromptedCLIP(tiny_clip, TINY_CLASSNAMES), PromptedCLIP(tiny_clip, TINY_CLASSNAMES)
+    uncached.constant_cache_size = 0  # recomputes every time: the reference behaviour
+    passes, results = {}, {}
+    for pclip, key in ((cached, "cached"), (uncached, "uncached")):
+        passes[key], results[key] = [], []
+        text_features = pclip.text_features
+        pclip.text_features = lambda blocks, f=text_features, log=passes[key]: log.append(len(blocks)) or f(blocks)
+        state, prompt = {}, None
+        for round_index in range(3):
+            method = make_method("adaprompt", threshold=0.0, buffer_size=8)  # a new object every round
+            method.load_state_dict(state)
+            prompt = prompt or method.initial_prompt(pclip)
+            result = method.adapt(pclip, prompt, make_pixels(8, seed=round_index), torch.Generator())
+            state, prompt = method.state_dict(), result.prompt
+            results[key].append(result)
+    # per round: the tuned pass and the after pass; the labeller's pass in round 1 only (else every round)
+    assert len(passes["cached"]) == 1 + 2 * 3 and len(passes["uncached"]) == 3 * 3
+    assert all(r.stats["updated"] == 1 for r in results["cached"])
+    for got, want in zip(results["cached"], results["uncached"], strict=True):
+        assert all(torch.equal(a, b) for a, b in zip(got.prompt, want.prompt, strict=True))
+        assert torch.equal(got.predictions, want.predictions) and got.h_pre == want.h_pre
+
+
+def test_adaprompt_round_one_reuses_the_labellers_features_for_the_received_p0(tiny_clip, make_pixels):
+    from fedrapp_app.engine import PromptedCLIP
+
+    pclip = PromptedCLIP(tiny_clip, TINY_CLASSNAMES)
+    passes = []
+    text_features = pclip.text_features
+    pclip.text_features = lambda blocks: passes.append(len(blocks)) or text_features(blocks)
+    method = make_method("adaprompt", threshold=0.0)  # buffer of 64: no update on a batch of 8
+    result = method.adapt(pclip, method.initial_prompt(pclip), make_pixels(8), torch.Generator())
+    assert result.stats["updated"] == 0 and passes == [3]  # one pass serves the labeller and "before"
 
 
 def test_adaprompt_honours_the_threshold(tiny_pclip, make_pixels):

@@ -164,17 +164,16 @@ class AdaPrompt(LocalMethod):
         self.params = params or AdaPromptParams()
         self.buffer = ConfidenceBuffer(self.params.buffer_size)
         self._optimizer_state: dict[str, np.ndarray] = {}
-        self._labeller: tuple[PromptedCLIP, Tensor] | None = None
 
     def initial_prompt(self, pclip: PromptedCLIP) -> list[Tensor]:
         return [initial_context(pclip, text, self.params.csc) for text in self.params.init_texts]
 
     def pseudo_labels(self, pclip: PromptedCLIP, features: Tensor) -> tuple[Tensor, Tensor]:
         """Pseudo-labels and confidences from the frozen initial prompts: Tensor[B, E] -> ([B] long, [B])."""
-        if self._labeller is None or self._labeller[0] is not pclip:
-            with torch.no_grad():
-                self._labeller = (pclip, pclip.text_features(self.initial_prompt(pclip)))
-        probabilities = pclip.logits(features, self._labeller[1]).softmax(-1)
+        # The labeller's text features are constant: cached per PromptedCLIP, i.e. once per client process
+        # (a method object lives one round, the PromptedCLIP as long as the process).
+        labeller = pclip.constant_text_features(self.initial_prompt(pclip))
+        probabilities = pclip.logits(features, labeller).softmax(-1)
         confidences, labels = probabilities.max(-1)
         return labels.cpu(), confidences.cpu()
 
@@ -189,8 +188,9 @@ class AdaPrompt(LocalMethod):
         stored = self.buffer.add(features[confident.to(features.device)], labels[confident], confidences[confident])
         update = self.buffer.full
         params = [block.to(pclip.device).requires_grad_(update) for block in received]
-        with torch.set_grad_enabled(update):
-            text = pclip.text_features(params)  # [K, C, E], received prompt
+        # [K, C, E] of the received prompt: with a graph when it is tuned; else a constant, cached (round 1
+        # receives P0, whose features the labeller just computed)
+        text = pclip.text_features(params) if update else pclip.constant_text_features(params)
         before = pclip.logits(features, text.detach())
         after, loss = before, 0.0
         if update:
