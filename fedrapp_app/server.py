@@ -22,7 +22,7 @@ from fedrapp_app.strategy import ClientRow, PersonalizedPromptStrategy, RoundRep
 
 log = logging.getLogger("flwr.fedrapp")
 
-#: Consecutive rounds without a single valid reply after which the run stops with an error.
+#: Consecutive rounds without a single valid reply after which the run stops (an error if nothing was scored).
 MAX_IDLE_ROUNDS = 3
 
 
@@ -121,9 +121,17 @@ def run_server(
             on_round(round_number, strategy)
         idle = 0 if any(r.status in ("ok", "exhausted") for r in report.rows) else idle + 1
         if idle >= MAX_IDLE_ROUNDS:
-            raise RuntimeError(f"{idle} rounds in a row without a valid client reply; see the warnings above")
+            break
 
-    summary = recorder.finish({"stopped": "streams ended" if strategy.finished else "num-rounds reached"})
+    if idle >= MAX_IDLE_ROUNDS:
+        silent = sorted(c for c in strategy.node_of if not strategy.state.exhausted[c])
+        stopped = f"no valid reply for {idle} rounds; clients {silent} did not finish their streams"
+        if not recorder.seen:
+            raise RuntimeError(f"{stopped} and no sample was ever scored: see the warnings above")
+        log.warning("stopping: %s", stopped)
+    else:
+        stopped = "streams ended" if strategy.finished else "num-rounds reached"
+    summary = recorder.finish({"stopped": stopped})
     log.info(
         "FedRAPP run finished: %d rounds, %d samples, online accuracy micro %.2f%% / macro %.2f%% "
         "(received prompt, before adaptation: %.2f%%); results in %s",

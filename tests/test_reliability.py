@@ -248,3 +248,22 @@ def test_resume_refuses_a_different_experiment(testbed_tiny, tmp_path):
         run_federation({**config, "resume": True, "run-name": ""})
     with pytest.raises(FileNotFoundError, match="resume = false"):
         run_federation({**config, "resume": True, "run-name": "never-ran"})
+
+
+def test_a_client_that_never_returns_ends_the_run_gracefully(testbed_tiny, tmp_path):
+    class Dead(SpyGrid):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            self.drop = lambda m: m.metadata.dst_node_id == 1002 and m.metadata.message_type == "train"
+
+    summary, _, _ = run_federation(small_run(testbed_tiny, tmp_path, **{"num-rounds": 0}), grid_cls=Dead)
+    assert "clients [2] did not finish" in summary["stopped"]
+    assert summary["per_client_samples"].keys() == {0, 1}  # the others' streams were processed to the end
+
+
+def test_a_run_in_which_no_client_ever_answers_fails(tmp_path):
+    grid = InProcessGrid(scripted_app({}), NUM_CLIENTS, {})
+    grid.drop = lambda m: m.metadata.message_type == "train"
+    config = {"model": "/unused", "num-clients": NUM_CLIENTS, "output-dir": str(tmp_path), "run-name": "r"}
+    with pytest.raises(RuntimeError, match="no sample was ever scored"):
+        run_server(grid, config)
