@@ -268,3 +268,13 @@ def test_estimate_scales_measured_costs_linearly_in_the_classes():
     # steps x 12 TFLOP at 500 TFLOP/s; memory: 1.5 x 1000 MiB saved + 1 GiB
     assert imagenet == (f"| imagenet | 1000 | 50000 | {steps} | {steps * 12:.0f} | {steps * 12 / 500 / 60:.1f} | "
                         f"{steps * 2 / 500 / 60:.1f} | {1.5 * 1000 / 1024 + 1:.1f} |")
+
+
+def test_cells_of_other_weights_are_never_mixed(tiny_model, tmp_path, monkeypatch):
+    model = shutil.copytree(tiny_model, tmp_path / "model")
+    source = two_cells(model, tmp_path / "bench")
+    runner = run_bench(source, monkeypatch, CountingRunCell(stop_at=2))
+    assert read_rows(runner.bench_dir)[0]["model_fingerprint"] == grid_module.model_fingerprint(str(model))
+    make_tiny_clip(model, world.CLASSNAMES, seed=1)  # the same folder, new weights
+    with pytest.raises(BenchError, match="other weights of model"):
+        BenchRunner(parse_bench(source)).run(progress=False)

@@ -55,6 +55,9 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     try:
         rows = runner.run(workers=args.workers, threads=args.threads or None, limit=args.limit)
+    except BenchError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
     except KeyboardInterrupt:
         print(f"interrupted: {len(runner.rows)} cells have rows; run the same command again to resume",
               file=sys.stderr)

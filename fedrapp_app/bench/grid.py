@@ -10,6 +10,7 @@ with ``threads`` torch threads).
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import multiprocessing
@@ -24,7 +25,8 @@ import yaml
 from tqdm import tqdm
 
 from fedrapp_app.bench.rows import make_row, read_rows, write_rows, write_text_atomic
-from fedrapp_app.bench.schema import BenchSpec, Cell
+from fedrapp_app.bench.schema import BenchError, BenchSpec, Cell
+from fedrapp_app.config import DEFAULTS
 
 log = logging.getLogger("fedrapp.bench")
 
@@ -39,6 +41,25 @@ class CellResult:
     rounds: list[dict[str, Any]]
     domains: list[str | None]
     seconds: float
+
+
+def model_fingerprint(model: str) -> str | None:
+    """Hash of a local checkpoint's weight files ("testbed" included); None for a Hub id.
+
+    Rows record it, so a grid never mixes cells computed with different weights under one model name.
+    """
+    from fedrapp_app.engine.loading import resolve_source
+
+    try:
+        where, local = resolve_source(model)
+    except FileNotFoundError:
+        return None
+    if not local:
+        return None
+    digest = hashlib.sha256()
+    for path in sorted(Path(where).glob("*.safetensors")) + sorted(Path(where).glob("*.bin")):
+        digest.update(path.read_bytes())
+    return digest.hexdigest()[:16]
 
 
 def quiet_flower() -> None:
@@ -103,6 +124,7 @@ class BenchRunner:
         self.runs_dir = self.bench_dir / RUNS_DIR
         self.rows = read_rows(self.bench_dir)
         self.failures: dict[str, str] = {}
+        self._fingerprints: dict[str, str | None] = {}
 
     def memberships(self, cell: Cell) -> dict[str, Any]:
         return {m.grid: m.to_json(self.spec.oracles) for m in cell.memberships}
@@ -124,15 +146,35 @@ class BenchRunner:
         if changed:
             write_rows(self.bench_dir, self.rows)
 
+    def fingerprint(self, overrides: Mapping[str, Any]) -> str | None:
+        model = str(overrides.get("model", DEFAULTS["model"]))
+        if model not in self._fingerprints:
+            self._fingerprints[model] = model_fingerprint(model)
+        return self._fingerprints[model]
+
+    def check_weights(self) -> None:
+        """Refuse to add cells to rows computed with other weights under the same model name."""
+        stale = [row for row in self.rows
+                 if row.get("model_fingerprint") not in (None, self.fingerprint(row["config"]))]
+        if stale:
+            model = stale[0]["config"].get("model", DEFAULTS["model"])
+            raise BenchError(
+                f"{len(stale)} finished cell(s) in {self.bench_dir} were computed with other weights of model "
+                f"{model!r} (fingerprint {stale[0]['model_fingerprint']}, now {self.fingerprint(stale[0]['config'])}"
+                "): run into a new --out, or delete those rows from cells.jsonl to recompute them"
+            )
+
     def _finish(self, cell: Cell, result: CellResult) -> None:
         row = make_row(cell.key, cell.id, cell.overrides, self.memberships(cell), result.summary,
                        result.rounds, result.domains, result.seconds)
+        row["model_fingerprint"] = self.fingerprint(cell.overrides)
         self.rows.append(row)
         write_rows(self.bench_dir, self.rows)  # after every cell: an interruption loses at most running cells
 
     def run(self, workers: int = 1, threads: int | None = 1, limit: int | None = None,
             progress: bool = True) -> list[dict[str, Any]]:
         """Run every pending cell (at most ``limit``); return all rows. Failed cells are listed in ``failures``."""
+        self.check_weights()
         self.bench_dir.mkdir(parents=True, exist_ok=True)
         write_text_atomic(self.bench_dir / "bench.yaml", yaml.safe_dump(self.spec.source, sort_keys=False))
         self.refresh_labels()

@@ -46,6 +46,10 @@ def _fixed_settings(settings: Sequence[Setting]) -> dict[str, Any]:
     return shared
 
 
+def _label(s: Setting) -> str:
+    return s.method + (" (oracle)" if s.oracle else "")
+
+
 def _seconds(stat: Stat) -> str:
     return f"{stat.mean:.1f}" if stat.mean < 10 else f"{stat.mean:.0f}"
 
@@ -66,8 +70,8 @@ def grid_markdown(settings: Sequence[Setting], best: set[int], index: Mapping[st
               "non-oracle method of each column (micro online accuracy).\n\n")
 
     contexts = list(dict.fromkeys(s.context_name for s in settings))
-    methods = list(dict.fromkeys(s.method for s in settings))
-    cell = {(s.context_name, s.method): (offset + i, s) for i, s in enumerate(settings)}
+    methods = list(dict.fromkeys(_label(s) for s in settings))
+    cell = {(s.context_name, _label(s)): (offset + i, s) for i, s in enumerate(settings)}
     out.write("### Online accuracy (micro), mean ± std over seeds\n\n")
     out.write("| method | " + " | ".join(contexts) + " |\n|---|" + "---|" * len(contexts) + "\n")
     for method in methods:
@@ -84,7 +88,7 @@ def grid_markdown(settings: Sequence[Setting], best: set[int], index: Mapping[st
     if any(g is not None and g.n for _, g in gains):
         out.write("\n### Gain over none-fed (paired by seed, micro online accuracy, points)\n\n")
         out.write("| method | " + " | ".join(contexts) + " |\n|---|" + "---|" * len(contexts) + "\n")
-        gain_of = {(s.context_name, s.method): g for s, g in gains}
+        gain_of = {(s.context_name, _label(s)): g for s, g in gains}
         for method in methods:
             row = [_gain_text(gain_of.get((c, method))) for c in contexts]
             if any(row):
@@ -97,8 +101,7 @@ def grid_markdown(settings: Sequence[Setting], best: set[int], index: Mapping[st
     for i, (s, gain) in enumerate(gains):
         values = [s.metric(key).format() for key, _ in COLUMNS]
         values[0] = _bold(values[0], offset + i in best)
-        method = s.method + (" (oracle)" if s.oracle else "")
-        out.write("| " + " | ".join([*s.context.values(), method, *values, _gain_text(gain), str(len(s.rows)),
+        out.write("| " + " | ".join([*s.context.values(), _label(s), *values, _gain_text(gain), str(len(s.rows)),
                                      _seconds(s.seconds())]) + " |\n")
     for context in contexts:
         if context in figures:
