@@ -1,59 +1,49 @@
-"""One local-method step per method on the ViT-B/16 architecture (random weights, CPU fp32): ours vs naive.
+"""One local-method step per method on the ViT-B/16 architecture (random weights, CPU): ours vs naive.
 
-Ours: the methods as shipped (text pass cut after the batch's last EOS; every image or view through the
-image tower once per step; episodic TPT as one stacked step). Naive: the reference codes' way of doing
-the same step: full 77-token text passes, one image at a time for TPT, and image features recomputed
-wherever they are used (pseudo-labels, predictions, buffered samples). Both produce the same outputs.
+Ours: the methods as shipped (text pass cut after the batch's last EOS, each shared context's ``[SOS] ctx``
+prefix computed once for all classes, AdaPrompt's frozen labeller cached per process, every image or view
+through the image tower once per step, episodic TPT as one stacked step). Naive: the reference codes' way
+of doing the same step: every text sequence padded to the full 77 positions, fp32, one image at a time
+for TPT, and image features recomputed wherever they are used (pseudo-labels, predictions, buffered
+samples), the labeller's and the hard prompt's text features recomputed every step. Both give the same
+predictions (the column "same predictions" checks it).
 
-Speed does not depend on the weights, so a randomly initialised CLIP with the ViT-B/16 sizes (text 512
-wide, 12 layers, 77 positions; vision 768 wide, 12 layers, patch 16, 224 px) and a word-level tokenizer
-stand in for the real checkpoint. AdaPrompt runs with a buffer of ``--images`` samples and threshold 0,
-so the timed step includes its update. TPT costs per image, so it gets a smaller batch (``--tpt-images``)
-and 3 augmented views per image instead of 63 to keep the run short.
+Realistic size (the default): 100 classes (Caltech-101's names), a batch of 64, TPT with 63 augmented
+views + the original per image. TPT's cost is per image (64 views of ViT-B/16 are ~15 s on 2 cores), so
+TPT and TPT-online are timed on ``--tpt-images`` images and the per-image time is extrapolated to the
+batch (linear in images: each image costs one tower pass of its views and its own text pass; printed as
+"extrapolated"). AdaPrompt runs with a full buffer (threshold 0, buffer = batch) so the timed step
+includes its update.
 
-Run: ``python benchmarks/client_step.py`` (under 5 minutes on 2 CPU cores, most of it the naive path).
-The last line is the overall speed-up (naive seconds / our seconds, all methods together).
+    python benchmarks/client_step.py                       # realistic size (~20 min on 2 idle cores)
+    python benchmarks/client_step.py --quick               # 20 classes, 16 images, 3 views (~3 min)
+    python benchmarks/client_step.py --methods adaprompt --precision bf16   # ours with bf16 autocast
+
+Each time is the median of ``--repeats`` runs; the load average before each method goes next to it.
+The last line is the overall speed-up on the batch (naive seconds / our seconds, all methods together).
 """
 
 from __future__ import annotations
 
 import argparse
-import time
+import json
+import sys
+from collections.abc import Callable
+from pathlib import Path
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 from PIL import Image
 from torch import Tensor
-from transformers import CLIPConfig, CLIPModel
-from transformers.models.clip.image_processing_pil_clip import CLIPImageProcessorPil
 
 from fedrapp_app.engine import FrozenCLIP, PromptedCLIP
 from fedrapp_app.engine.images import tpt_views
 from fedrapp_app.methods import LocalMethod, make_method
 from fedrapp_app.methods.tpt import tpt_loss
-from fedrapp_app.testbed.tiny import DEFAULT_TEXTS
-from fedrapp_app.testbed.tokenizer import build_word_tokenizer, words_of
 
-CLASSNAMES = (
-    "apple", "bicycle", "golden retriever", "tabby cat", "red fox", "sports car", "tulip", "oak tree",
-    "fire truck", "sea turtle", "hot air balloon", "wooden chair", "snow leopard", "coffee mug",
-    "mountain bike", "pine cone", "space shuttle", "garden snail", "violin", "lighthouse",
-)
-
-
-def vit_b16(classnames: tuple[str, ...]) -> FrozenCLIP:
-    """A random-weight CLIP with the ViT-B/16 sizes, frozen, on the CPU."""
-    tokenizer = build_word_tokenizer(words_of([*(t.replace("{}", "") for t in DEFAULT_TEXTS), *classnames]), 77)
-    config = CLIPConfig(
-        text_config=dict(vocab_size=len(tokenizer), bos_token_id=tokenizer.bos_token_id,
-                         eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id),
-        vision_config=dict(patch_size=16, image_size=224),
-        projection_dim=512,
-    )
-    torch.manual_seed(0)
-    model = CLIPModel(config).requires_grad_(False).eval()
-    return FrozenCLIP(model, tokenizer, CLIPImageProcessorPil(), torch.device("cpu"), "fp32", "random ViT-B/16")
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from vitb16 import CALTECH101, load_average, median_seconds, vit_b16, wait_for_quiet  # noqa: E402
 
 
 def naive_pclip(clip: FrozenCLIP, classnames: tuple[str, ...]) -> PromptedCLIP:
@@ -120,45 +110,94 @@ def naive_adaprompt(pclip: PromptedCLIP, method: LocalMethod, prompt, pixels, ge
         return pclip.logits(pclip.image_features(pixels), pclip.text_features(params)).argmax(-1)
 
 
+NAIVE: dict[str, Callable] = {"zeroshot": naive_zeroshot, "tpt": naive_tpt, "tpt-online": naive_tpt,
+                              "adaprompt": naive_adaprompt}
+
+
+def build_method(name: str, args: argparse.Namespace) -> LocalMethod:
+    if name.startswith("tpt"):
+        return make_method(name, n_views=args.tpt_views)
+    if name == "adaprompt":
+        return make_method(name, threshold=0.0, buffer_size=args.images)
+    return make_method(name)
+
+
+def time_method(name: str, ours: PromptedCLIP, naive: PromptedCLIP, pixels: Tensor,
+                args: argparse.Namespace) -> dict:
+    """Median seconds of our step and of the naive step on ``pixels``, and their prediction agreement."""
+    method = build_method(name, args)
+    prompt = method.initial_prompt(ours)
+    load = wait_for_quiet(args.max_load, args.patience)
+
+    def our_step():
+        fresh = build_method(name, args)  # a client builds its method object every round
+        return fresh.adapt(ours, prompt, pixels, torch.Generator().manual_seed(0))
+
+    result = our_step()  # warm-up (also fills the per-process caches a client has from round 2 on)
+    ours_s, ours_all = median_seconds(our_step, args.repeats)
+    naive_out: dict[str, Tensor] = {}
+
+    def naive_step():
+        naive_out["predictions"] = NAIVE[name](naive, method, prompt, pixels, torch.Generator().manual_seed(0))
+
+    naive_s, naive_all = median_seconds(naive_step, args.naive_repeats)
+    agree = float((naive_out["predictions"] == result.predictions).float().mean())
+    return {"method": name, "images": len(pixels), "ours_s": ours_s, "naive_s": naive_s, "ours_runs": ours_all,
+            "naive_runs": naive_all, "same_predictions": agree, "load_before": load, "load_after": load_average()}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--images", type=int, default=16, help="images in the batch")
-    parser.add_argument("--classes", type=int, default=20, help=f"number of classes (at most {len(CLASSNAMES)})")
-    parser.add_argument("--tpt-images", type=int, default=4, help="images in the TPT batch (its cost is per image)")
-    parser.add_argument("--tpt-views", type=int, default=3, help="augmented views per image for TPT")
+    parser.add_argument("--quick", action="store_true", help="20 classes, 16 images, 3 TPT views, 2 TPT images")
+    parser.add_argument("--images", type=int, default=64, help="images in the batch")
+    parser.add_argument("--classes", type=int, default=100, help="number of classes (at most 100)")
+    parser.add_argument("--tpt-images", type=int, default=2, help="images timed for TPT (extrapolated to --images)")
+    parser.add_argument("--tpt-views", type=int, default=63, help="augmented views per image for TPT")
+    parser.add_argument("--methods", nargs="+", default=["zeroshot", "adaprompt", "tpt-online", "tpt"])
+    parser.add_argument("--precision", choices=["fp32", "bf16"], default="fp32", help="our path's precision")
+    parser.add_argument("--no-shared-prefix", action="store_true", help="ours without the shared-prefix text pass")
+    parser.add_argument("--repeats", type=int, default=3, help="timed runs of our step (median)")
+    parser.add_argument("--naive-repeats", type=int, default=1, help="timed runs of the naive step (median)")
+    parser.add_argument("--threads", type=int, default=2, help="torch threads")
+    parser.add_argument("--max-load", type=float, default=1.5, help="wait for a 1-minute load below this")
+    parser.add_argument("--patience", type=float, default=0.0, help="seconds to wait for that load")
+    parser.add_argument("--json", type=Path, default=None, help="also write the rows here")
     args = parser.parse_args()
-    classnames = CLASSNAMES[: args.classes]
-    clip = vit_b16(classnames)
-    ours_pclip, slow_pclip = PromptedCLIP(clip, classnames), naive_pclip(clip, classnames)
+    if args.quick:
+        args.images, args.classes, args.tpt_views, args.tpt_images = 16, 20, 3, 2
+    if args.naive_repeats < 1 or args.repeats < 1:
+        parser.error("--repeats and --naive-repeats must be >= 1")
+    torch.set_num_threads(args.threads)
+    classnames = CALTECH101[: args.classes]
+    clip = vit_b16(classnames, precision=args.precision)
+    ours = PromptedCLIP(clip, classnames)
+    ours.shared_prefix = not args.no_shared_prefix
+    naive = naive_pclip(vit_b16(classnames), classnames)
     rng = np.random.default_rng(0)
     images = [Image.fromarray(rng.integers(0, 256, (240, 320, 3), dtype=np.uint8)) for _ in range(args.images)]
-    pixels = ours_pclip.preprocess(images)
-    runs = [
-        (make_method("zeroshot"), naive_zeroshot, pixels),
-        (make_method("tpt", n_views=args.tpt_views), naive_tpt, pixels[: args.tpt_images]),
-        (make_method("tpt-online", n_views=args.tpt_views), naive_tpt, pixels[: args.tpt_images]),
-        (make_method("adaprompt", threshold=0.0, buffer_size=args.images), naive_adaprompt, pixels),
-    ]
-    print(f"ViT-B/16 random weights, CPU fp32, {torch.get_num_threads()} threads: {len(classnames)} classes, "
-          f"{args.images} images ({args.tpt_images} for TPT, 1 + {args.tpt_views} views each)")
-    total_ours = total_naive = 0.0
-    total_images = 0
-    for method, naive_step, batch in runs:
-        prompt = method.initial_prompt(ours_pclip)
-        start = time.perf_counter()
-        result = method.adapt(ours_pclip, prompt, batch, torch.Generator().manual_seed(0))
-        ours = time.perf_counter() - start
-        start = time.perf_counter()
-        naive_predictions = naive_step(slow_pclip, method, prompt, batch, torch.Generator().manual_seed(0))
-        naive = time.perf_counter() - start
-        agree = float((naive_predictions == result.predictions).float().mean())
-        total_ours, total_naive, total_images = total_ours + ours, total_naive + naive, total_images + len(batch)
-        print(f"{method.name:10s}  {len(batch):2d} images   ours {ours:7.2f} s {len(batch) / ours:6.2f} images/s   "
-              f"naive {naive:7.2f} s {len(batch) / naive:6.2f} images/s   speed-up {naive / ours:5.2f}x   "
-              f"same predictions {agree:.0%}", flush=True)
-    print(f"all methods: ours {total_ours:.1f} s ({total_images / total_ours:.2f} images/s), "
-          f"naive {total_naive:.1f} s ({total_images / total_naive:.2f} images/s), "
-          f"speed-up {total_naive / total_ours:.2f}x")
+    pixels = ours.preprocess(images)
+    print(f"ViT-B/16 random weights, CPU, ours {args.precision}{' (no shared prefix)' * args.no_shared_prefix}, "
+          f"naive fp32, {torch.get_num_threads()} threads: {len(classnames)} classes, batch {args.images} "
+          f"(TPT: {args.tpt_images} images timed, 1 + {args.tpt_views} views each); "
+          f"median of {args.repeats} (ours) / {args.naive_repeats} (naive) runs")
+    rows, total_ours, total_naive = [], 0.0, 0.0
+    for name in args.methods:
+        batch = pixels[: args.tpt_images] if name.startswith("tpt") else pixels
+        row = time_method(name, ours, naive, batch, args)
+        scale = args.images / row["images"]  # TPT: per-image cost times the batch
+        row.update(batch=args.images, ours_batch_s=row["ours_s"] * scale, naive_batch_s=row["naive_s"] * scale,
+                   extrapolated=scale != 1, speedup=row["naive_s"] / row["ours_s"])
+        rows.append(row)
+        total_ours, total_naive = total_ours + row["ours_batch_s"], total_naive + row["naive_batch_s"]
+        note = f" (timed on {row['images']}, extrapolated)" if row["extrapolated"] else ""
+        print(f"{name:10s} batch {args.images}{note}: ours {row['ours_batch_s']:8.1f} s "
+              f"({args.images / row['ours_batch_s']:6.2f} img/s)   naive {row['naive_batch_s']:8.1f} s "
+              f"({args.images / row['naive_batch_s']:6.2f} img/s)   speed-up {row['speedup']:5.2f}x   "
+              f"same predictions {row['same_predictions']:.0%}   load {row['load_before']:.2f} -> "
+              f"{row['load_after']:.2f}", flush=True)
+    print(f"all methods: ours {total_ours:.1f} s, naive {total_naive:.1f} s, speed-up {total_naive / total_ours:.2f}x")
+    if args.json:
+        args.json.write_text(json.dumps({"args": {k: str(v) for k, v in vars(args).items()}, "rows": rows}, indent=2))
 
 
 if __name__ == "__main__":

@@ -106,7 +106,7 @@ def test_shared_prefix_pass_runs_each_prefix_once_and_no_padding(tiny_clip):
         hook.remove()
     suffix_tokens = sum(len(tiny_clip.tokenizer(f"{n}.", add_special_tokens=False)["input_ids"]) + 1
                         for n in TINY_CLASSNAMES)
-    assert rows == [(2, 5), (2, suffix_tokens)]  # 2 prefixes of [SOS] + 4 words; every class token once
+    assert rows == [(2 * 5 + 2 * suffix_tokens,)]  # 2 prefixes of [SOS] + 4 words, then every class token once
 
 
 def test_constant_text_features_are_cached_by_content(tiny_clip):

@@ -94,6 +94,7 @@ class PromptedCLIP:
         self._eos_rows = (starts + lengths - 1).to(self.device)
         self._packed_suffix = self.suffix_embeds[self._token_class, self._token_offset]  # [T, D]
         self._constant_features: OrderedDict[bytes, Tensor] = OrderedDict()
+        self._qkv: dict[int, tuple[Tensor, Tensor]] = {}  # layer -> fused q/k/v projection (frozen)
 
     # ----- context blocks -------------------------------------------------------------------------
     def _token_ids(self, text: str, what: str) -> list[int]:
@@ -173,12 +174,13 @@ class PromptedCLIP:
     def _encode_shared(self, contexts: Sequence[Tensor]) -> Tensor:
         """Class features for G shared contexts, each Tensor[n_g, D], with one prefix pass per context.
 
-        Returns Tensor[G, C, E]. Prefix rows: G x P (P = 1 + longest n_g; a shorter prefix is padded at its
-        end, where the causal mask hides the padding from its real tokens). Class rows: G x T packed suffix
-        tokens (T = sum of the C suffix lengths), each attending to its block's real prefix and to the
-        earlier tokens of its own class.
+        Returns Tensor[G, C, E]. The rows of a layer are G x P prefix tokens (P = 1 + longest n_g; a shorter
+        prefix is padded at its end, where the causal mask hides the padding from its real tokens) followed
+        by G x T packed class tokens (T = sum of the C suffix lengths); every per-token op (norms, projections,
+        MLP) runs once on all rows, only attention looks at the structure (:meth:`_shared_prefix_attention`).
         """
         text = self.clip.model.text_model
+        groups = len(contexts)
         lengths = torch.tensor([1 + ctx.shape[0] for ctx in contexts], device=self.device)  # [G] prefix sizes
         self._check_length(int(lengths.max()) - 1)
         prefix_len = int(lengths.max())
@@ -189,58 +191,69 @@ class PromptedCLIP:
         ]) + positions[:prefix_len]  # [G, P, D]
         # class token t of block g sits at position (1 + n_g) + offset_t
         suffix = self._packed_suffix + positions[lengths.unsqueeze(1) + self._token_offset]  # [G, T, D]
-        prefix_visible = torch.arange(prefix_len, device=self.device) < lengths.unsqueeze(1)  # [G, P]
+        rows = torch.cat([prefix.flatten(0, 1), suffix.flatten(0, 1)])  # [G*P + G*T, D]
+        masks = self._shared_prefix_masks(lengths, prefix_len)
         with record_function("fedrapp.text_pass"), self.clip.autocast():
-            for layer in text.encoder.layers:
-                attended_prefix, attended_suffix = self._shared_prefix_attention(
-                    layer.self_attn, layer.layer_norm1(prefix), layer.layer_norm1(suffix), prefix_visible)
-                prefix = prefix + attended_prefix
-                suffix = suffix + attended_suffix
-                prefix = prefix + layer.mlp(layer.layer_norm2(prefix))
-                suffix = suffix + layer.mlp(layer.layer_norm2(suffix))
+            for index, layer in enumerate(text.encoder.layers):
+                attended = self._shared_prefix_attention(index, layer.self_attn, layer.layer_norm1(rows),
+                                                         groups, prefix_len, masks)
+                rows = rows + layer.self_attn.out_proj(attended)
+                rows = rows + layer.mlp(layer.layer_norm2(rows))
             # LayerNorm is per token, so pooling first is exact and skips the other positions.
-            pooled = text.final_layer_norm(suffix[:, self._eos_rows])  # [G, C, D]
-            features = self.clip.model.text_projection(pooled)
+            eos = rows[groups * prefix_len:].view(groups, -1, rows.shape[-1])[:, self._eos_rows]  # [G, C, D]
+            features = self.clip.model.text_projection(text.final_layer_norm(eos))
         return F.normalize(features.float(), dim=-1)
 
-    def _shared_prefix_attention(
-        self, attention: torch.nn.Module, prefix: Tensor, suffix: Tensor, prefix_visible: Tensor
-    ) -> tuple[Tensor, Tensor]:
-        """One CLIP self-attention for prefix rows Tensor[G, P, D] and packed class rows Tensor[G, T, D].
+    def _shared_prefix_masks(self, lengths: Tensor, prefix_len: int) -> tuple[Tensor, Tensor, Tensor]:
+        """Attention masks of the shared-prefix pass (True = may attend).
 
-        ``prefix_visible`` Tensor[G, P] bool marks each block's real prefix positions. Scores and softmax
-        are float32 (as SDPA does internally); the projections follow the autocast precision.
+        Prefix rows: causal within the block, Tensor[P, P]. Class rows: the block's real prefix,
+        Tensor[G, 1, 1, 1, P], and the earlier tokens of their own class, Tensor[S, S] (a class's padding
+        slots lie after its EOS, so this causal part never reaches them from a real token).
         """
-        groups, prefix_len = prefix_visible.shape
+        suffix_len = self.suffix_embeds.shape[1]
+        causal_prefix = torch.ones(prefix_len, prefix_len, dtype=torch.bool, device=self.device).tril()
+        visible = torch.arange(prefix_len, device=self.device) < lengths.unsqueeze(1)  # [G, P]
+        causal_suffix = torch.ones(suffix_len, suffix_len, dtype=torch.bool, device=self.device).tril()
+        return causal_prefix, visible.view(len(lengths), 1, 1, 1, prefix_len), causal_suffix
+
+    def _fused_qkv(self, index: int, attention: torch.nn.Module) -> tuple[Tensor, Tensor]:
+        """Layer ``index``'s q, k, v projections as one frozen Tensor[3D, D] weight and Tensor[3D] bias."""
+        if index not in self._qkv:
+            projections = (attention.q_proj, attention.k_proj, attention.v_proj)
+            self._qkv[index] = (torch.cat([p.weight for p in projections]).detach(),
+                                torch.cat([p.bias for p in projections]).detach())
+        return self._qkv[index]
+
+    def _shared_prefix_attention(
+        self, index: int, attention: torch.nn.Module, x: Tensor, groups: int, prefix_len: int,
+        masks: tuple[Tensor, Tensor, Tensor],
+    ) -> Tensor:
+        """CLIP self-attention (before ``out_proj``) of the shared-prefix rows: Tensor[R, D] -> Tensor[R, D].
+
+        Scores and softmax in float32, as SDPA computes them; the projections follow autocast.
+        """
         num_classes, suffix_len = self.suffix_embeds.shape[:2]
         heads, head_dim, scale = attention.num_heads, attention.head_dim, attention.scale
+        causal_prefix, visible, causal_suffix = masks
+        qkv = F.linear(x, *self._fused_qkv(index, attention)).float()  # [R, 3D]
+        split = groups * prefix_len
+        q_p, k_p, v_p = qkv[:split].view(groups, prefix_len, 3, heads, head_dim).unbind(2)  # [G, P, H, h]
         slot = self._token_class * suffix_len + self._token_offset  # [T]: row in the padded [C, S] layout
-
-        def split(x: Tensor) -> Tensor:
-            return x.unflatten(-1, (heads, head_dim)).float()
-
-        def padded(x: Tensor) -> Tensor:  # [G, T, H, h] -> [G, C, S, H, h]; padding slots stay zero
-            out = x.new_zeros(groups, num_classes * suffix_len, heads, head_dim)
-            return out.index_copy(1, slot, x).unflatten(1, (num_classes, suffix_len))
-
-        q_p, k_p, v_p = (split(proj(prefix)) for proj in (attention.q_proj, attention.k_proj, attention.v_proj))
-        q_s, k_s, v_s = (padded(split(proj(suffix)))
-                         for proj in (attention.q_proj, attention.k_proj, attention.v_proj))
-        causal_p = torch.ones(prefix_len, prefix_len, dtype=torch.bool, device=self.device).tril()
-        causal_s = torch.ones(suffix_len, suffix_len, dtype=torch.bool, device=self.device).tril()
+        padded = qkv.new_zeros(groups, num_classes * suffix_len, qkv.shape[-1])
+        padded = padded.index_copy(1, slot, qkv[split:].view(groups, -1, qkv.shape[-1]))
+        q_s, k_s, v_s = padded.view(groups, num_classes, suffix_len, 3, heads, head_dim).unbind(3)  # [G, C, S, H, h]
         # prefix rows: causal attention within their own block
-        scores = (torch.einsum("gphd,gqhd->ghpq", q_p, k_p) * scale).masked_fill(~causal_p, float("-inf"))
-        out_prefix = torch.einsum("ghpq,gqhd->gphd", scores.softmax(-1), v_p).flatten(-2)
-        # class rows: their block's real prefix, then the earlier tokens of their own class (padding slots of a
-        # class lie after its EOS, so the causal part never reaches them from a real token)
-        to_prefix = torch.einsum("gcshd,gphd->gchsp", q_s, k_p) * scale
-        to_prefix = to_prefix.masked_fill(~prefix_visible.view(groups, 1, 1, 1, prefix_len), float("-inf"))
-        to_own = (torch.einsum("gcshd,gcthd->gchst", q_s, k_s) * scale).masked_fill(~causal_s, float("-inf"))
+        scores = (torch.einsum("gphd,gqhd->ghpq", q_p, k_p) * scale).masked_fill(~causal_prefix, float("-inf"))
+        out_prefix = torch.einsum("ghpq,gqhd->gphd", scores.softmax(-1), v_p).reshape(split, -1)
+        # class rows: their block's real prefix, then the earlier tokens of their own class
+        to_prefix = (torch.einsum("gcshd,gphd->gchsp", q_s, k_p) * scale).masked_fill(~visible, float("-inf"))
+        to_own = (torch.einsum("gcshd,gcthd->gchst", q_s, k_s) * scale).masked_fill(~causal_suffix, float("-inf"))
         weights = torch.cat([to_prefix, to_own], -1).softmax(-1)
         out_suffix = (torch.einsum("gchsp,gphd->gcshd", weights[..., :prefix_len], v_p)
                       + torch.einsum("gchst,gcthd->gcshd", weights[..., prefix_len:], v_s))
-        out_suffix = out_suffix.flatten(1, 2).index_select(1, slot).flatten(-2)  # [G, T, D]
-        return (attention.out_proj(out_prefix.to(prefix.dtype)), attention.out_proj(out_suffix.to(suffix.dtype)))
+        out_suffix = out_suffix.reshape(groups, num_classes * suffix_len, -1).index_select(1, slot)
+        return torch.cat([out_prefix, out_suffix.flatten(0, 1)]).to(x.dtype)
 
     def text_features(self, blocks: Sequence[Tensor]) -> Tensor:
         """L2-normalised class features for K context blocks -> Tensor[K, C, E] float32.
