@@ -38,10 +38,12 @@ DOMAIN_WORDS: dict[str, str] = {
     "salt_pepper": "speckled",
     "pixelate": "pixelated",
 }
-#: A sensible default list of client domains, (corruption, severity): one per family, at the
-#: severity where the shipped model's hand-prompt zero-shot accuracy drops clearly (README table).
+#: A sensible default list of client domains, (corruption, severity): one per family, at a severity
+#: where the shipped model's hand-prompt zero-shot accuracy drops clearly but keeps a signal to adapt
+#: on (README table; gaussian noise at severity 2 leaves about 25% and no adaptation recovers it).
+#: hue_shift is the negative control: it changes which colour word is right.
 DEFAULT_DOMAINS: tuple[tuple[str, int], ...] = (
-    ("gaussian_noise", 2),
+    ("gaussian_noise", 1),
     ("blur", 2),
     ("contrast", 2),
     ("color_cast", 2),

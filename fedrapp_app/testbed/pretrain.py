@@ -20,10 +20,11 @@ tuning has a direction to move in (see README.md).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -192,6 +193,17 @@ def _say(message: str) -> None:
     print(message, flush=True)
 
 
+@contextlib.contextmanager
+def _torch_threads(threads: int) -> Iterator[None]:
+    """Run with ``threads`` torch threads, then restore the caller's setting (tests share a process)."""
+    previous = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(previous)
+
+
 def _format_eta(seconds: float) -> str:
     return f"{int(seconds // 60)}m{int(seconds % 60):02d}s"
 
@@ -209,6 +221,7 @@ def pretrain(
     domain_caption_share: float = 0.8,
     max_level: float = 1.0,
     eval_every: int = 100,
+    eval_size: int = 600,
     threads: int = 2,
     bf16: bool = True,
     init_from: str | Path | None = None,
@@ -228,118 +241,120 @@ def pretrain(
         )
     if not 0.0 <= domain_share <= 1.0 or not 0.0 <= domain_caption_share <= 1.0:
         raise ValueError("domain_share and domain_caption_share are probabilities in [0, 1]")
-    torch.set_num_threads(threads)
-    torch.manual_seed(seed)
-    rng = np.random.default_rng(seed)
-    arch = PRESETS[preset]
-    output = Path(output)
-    output.mkdir(parents=True, exist_ok=True)
-    words = words_of(t.replace("{}", "") for t in VOCABULARY_TEXTS)
-    tokenizer = save_word_tokenizer(words, arch.max_length, output)
-    processor = image_processor()
-    if init_from is None:
-        model = CLIPModel(clip_config(arch, tokenizer))
-    else:  # continue a previous run (a second stage); the vocabulary must be the same
-        model = CLIPModel.from_pretrained(str(init_from), local_files_only=True)
-        if model.config.text_config.vocab_size != len(tokenizer):
-            raise ValueError(f"--init-from {init_from}: its vocabulary differs from the world's; retrain from scratch")
-    model.train()
+    with _torch_threads(threads):
+        torch.manual_seed(seed)
+        rng = np.random.default_rng(seed)
+        arch = PRESETS[preset]
+        output = Path(output)
+        output.mkdir(parents=True, exist_ok=True)
+        words = words_of(t.replace("{}", "") for t in VOCABULARY_TEXTS)
+        tokenizer = save_word_tokenizer(words, arch.max_length, output)
+        processor = image_processor()
+        if init_from is None:
+            model = CLIPModel(clip_config(arch, tokenizer))
+        else:  # continue a previous run (a second stage); the vocabulary must be the same
+            model = CLIPModel.from_pretrained(str(init_from), local_files_only=True)
+            if model.config.text_config.vocab_size != len(tokenizer):
+                raise ValueError(
+                    f"--init-from {init_from}: its vocabulary differs from the world's; retrain from scratch"
+                )
+        model.train()
 
-    started = time.perf_counter()
-    pool_labels = rng.integers(0, len(CLASSNAMES), pool_size)
-    pool_seeds = PRETRAIN_SEED_OFFSET + seed * 2**32 + np.arange(pool_size)
-    pool_images = render(pool_labels, pool_seeds)
-    val_labels = np.arange(600) % len(CLASSNAMES)
-    val_pixels = to_pixel_values(render(val_labels, _VALIDATION_SEED_OFFSET + np.arange(600)), processor)
-    log(f"rendered {pool_size} training and 600 held-out images in {time.perf_counter() - started:.1f}s")
+        started = time.perf_counter()
+        pool_labels = rng.integers(0, len(CLASSNAMES), pool_size)
+        pool_seeds = PRETRAIN_SEED_OFFSET + seed * 2**32 + np.arange(pool_size)
+        pool_images = render(pool_labels, pool_seeds)
+        val_labels = np.arange(eval_size) % len(CLASSNAMES)
+        val_pixels = to_pixel_values(render(val_labels, _VALIDATION_SEED_OFFSET + np.arange(eval_size)), processor)
+        log(f"rendered {pool_size} training and {eval_size} held-out images in {time.perf_counter() - started:.1f}s")
 
-    decay = [p for n, p in model.named_parameters() if p.ndim >= 2 and "embedding" not in n]
-    no_decay = [p for n, p in model.named_parameters() if not (p.ndim >= 2 and "embedding" not in n)]
-    optimizer = torch.optim.AdamW(
-        [{"params": decay, "weight_decay": 0.05}, {"params": no_decay, "weight_decay": 0.0}], lr=lr
-    )
-    warmup = max(1, steps // 20)
-
-    def schedule(step: int) -> float:
-        if step < warmup:
-            return (step + 1) / warmup
-        return 0.5 * (1.0 + math.cos(math.pi * (step - warmup) / max(1, steps - warmup)))
-
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, schedule)
-    train_start, loss_ema, first_loss = time.perf_counter(), None, None
-    for step in range(steps):
-        batch = make_batch(
-            pool_images,
-            pool_labels,
-            pool_seeds,
-            rng,
-            batch_size,
-            domain_share=domain_share,
-            domain_caption_share=domain_caption_share,
-            max_level=max_level,
-            processor=processor,
+        decay = [p for n, p in model.named_parameters() if p.ndim >= 2 and "embedding" not in n]
+        no_decay = [p for n, p in model.named_parameters() if not (p.ndim >= 2 and "embedding" not in n)]
+        optimizer = torch.optim.AdamW(
+            [{"params": decay, "weight_decay": 0.05}, {"params": no_decay, "weight_decay": 0.0}], lr=lr
         )
-        text = tokenizer(batch.captions, padding=True, return_tensors="pt")
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
-            image_out = model.get_image_features(pixel_values=batch.pixel_values).pooler_output
-            text_out = model.get_text_features(**text).pooler_output
-        image_features = F.normalize(image_out.float(), dim=-1)
-        text_features = F.normalize(text_out.float(), dim=-1)
-        loss = multi_positive_loss(image_features, text_features, batch.keys, model.logit_scale)
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        optimizer.step()
-        scheduler.step()
-        with torch.no_grad():
-            model.logit_scale.clamp_(0.0, math.log(100.0))
-        value = float(loss.detach())
-        first_loss = value if first_loss is None else first_loss
-        loss_ema = value if loss_ema is None else 0.9 * loss_ema + 0.1 * value
-        done = step + 1
-        if done % max(1, eval_every // 5) == 0 or done == steps:
-            elapsed = time.perf_counter() - train_start
-            line = (
-                f"step {done}/{steps}  loss {value:.4f} (ema {loss_ema:.4f})  "
-                f"scale {model.logit_scale.exp().item():.1f}  "
-                f"elapsed {_format_eta(elapsed)}  ETA {_format_eta(elapsed / done * (steps - done))}"
-            )
-            if done % eval_every == 0 or done == steps:
-                accuracy = zero_shot_accuracy(model, tokenizer, val_pixels, val_labels)
-                line += f"  zero-shot(clean, held-out) {accuracy:.3f}"
-            log(line)
+        warmup = max(1, steps // 20)
 
-    model.eval()
-    model.save_pretrained(str(output))
-    processor.save_pretrained(str(output))
-    metrics = {
-        "first_loss": first_loss,
-        "final_loss_ema": loss_ema,
-        "zero_shot_clean_heldout": zero_shot_accuracy(model, tokenizer, val_pixels, val_labels),
-        "train_seconds": time.perf_counter() - train_start,
-        "total_seconds": time.perf_counter() - started,
-    }
-    record = {
-        "architecture": asdict(arch),
-        "args": dict(
-            preset=preset,
-            steps=steps,
-            batch_size=batch_size,
-            lr=lr,
-            seed=seed,
-            pool_size=pool_size,
-            domain_share=domain_share,
-            domain_caption_share=domain_caption_share,
-            max_level=max_level,
-            bf16=bf16,
-            init_from=None if init_from is None else str(init_from),
-        ),
-        "metrics": metrics,
-        "torch": torch.__version__,
-    }
-    (output / "pretraining.json").write_text(json.dumps(record, indent=2) + "\n")
-    log(f"saved to {output}: {json.dumps(metrics)}")
-    return metrics
+        def schedule(step: int) -> float:
+            if step < warmup:
+                return (step + 1) / warmup
+            return 0.5 * (1.0 + math.cos(math.pi * (step - warmup) / max(1, steps - warmup)))
+
+        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, schedule)
+        train_start, loss_ema, first_loss = time.perf_counter(), None, None
+        for step in range(steps):
+            batch = make_batch(
+                pool_images,
+                pool_labels,
+                pool_seeds,
+                rng,
+                batch_size,
+                domain_share=domain_share,
+                domain_caption_share=domain_caption_share,
+                max_level=max_level,
+                processor=processor,
+            )
+            text = tokenizer(batch.captions, padding=True, return_tensors="pt")
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+                image_out = model.get_image_features(pixel_values=batch.pixel_values).pooler_output
+                text_out = model.get_text_features(**text).pooler_output
+            image_features = F.normalize(image_out.float(), dim=-1)
+            text_features = F.normalize(text_out.float(), dim=-1)
+            loss = multi_positive_loss(image_features, text_features, batch.keys, model.logit_scale)
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            optimizer.step()
+            scheduler.step()
+            with torch.no_grad():
+                model.logit_scale.clamp_(0.0, math.log(100.0))
+            value = float(loss.detach())
+            first_loss = value if first_loss is None else first_loss
+            loss_ema = value if loss_ema is None else 0.9 * loss_ema + 0.1 * value
+            done = step + 1
+            if done % max(1, eval_every // 5) == 0 or done == steps:
+                elapsed = time.perf_counter() - train_start
+                line = (
+                    f"step {done}/{steps}  loss {value:.4f} (ema {loss_ema:.4f})  "
+                    f"scale {model.logit_scale.exp().item():.1f}  "
+                    f"elapsed {_format_eta(elapsed)}  ETA {_format_eta(elapsed / done * (steps - done))}"
+                )
+                if done % eval_every == 0 or done == steps:
+                    accuracy = zero_shot_accuracy(model, tokenizer, val_pixels, val_labels)
+                    line += f"  zero-shot(clean, held-out) {accuracy:.3f}"
+                log(line)
+
+        model.eval()
+        model.save_pretrained(str(output))
+        processor.save_pretrained(str(output))
+        metrics = {
+            "first_loss": first_loss,
+            "final_loss_ema": loss_ema,
+            "zero_shot_clean_heldout": zero_shot_accuracy(model, tokenizer, val_pixels, val_labels),
+            "train_seconds": time.perf_counter() - train_start,
+            "total_seconds": time.perf_counter() - started,
+        }
+        record = {
+            "architecture": asdict(arch),
+            "args": dict(
+                preset=preset,
+                steps=steps,
+                batch_size=batch_size,
+                lr=lr,
+                seed=seed,
+                pool_size=pool_size,
+                domain_share=domain_share,
+                domain_caption_share=domain_caption_share,
+                max_level=max_level,
+                bf16=bf16,
+                init_from=None if init_from is None else str(init_from),
+            ),
+            "metrics": metrics,
+            "torch": torch.__version__,
+        }
+        (output / "pretraining.json").write_text(json.dumps(record, indent=2) + "\n")
+        log(f"saved to {output}: {json.dumps(metrics)}")
+        return metrics
 
 
 def main(argv: Sequence[str] | None = None) -> None:
