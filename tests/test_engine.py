@@ -228,6 +228,33 @@ def test_unreachable_hub_id_tells_how_to_go_offline(monkeypatch):
     assert "model=" in str(info.value) and "HF_HUB_OFFLINE" in str(info.value)
 
 
+def test_cached_hub_id_loads_without_touching_the_network(tmp_path, monkeypatch, tiny_clip_dir):
+    """A deployed ClientApp loads the model every round: a cached Hub id must cost no network request."""
+    import shutil
+
+    import huggingface_hub.file_download as file_download
+
+    snapshot = tmp_path / "hub" / "models--fedrapp-tests--cached-clip" / "snapshots" / ("0" * 40)
+    shutil.copytree(tiny_clip_dir, snapshot)
+    (snapshot.parent.parent / "refs").mkdir()
+    (snapshot.parent.parent / "refs" / "main").write_text("0" * 40)
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)
+    requests = []
+
+    def no_network(*args, **kwargs):
+        requests.append(args)
+        raise OSError("the test forbids network access")
+
+    monkeypatch.setattr(file_download, "get_hf_file_metadata", no_network)
+    clip = load_clip("fedrapp-tests/cached-clip", device="cpu")
+    assert requests == [] and clip.source == "fedrapp-tests/cached-clip"
+    # a Hub id that is not cached still goes to the Hub (and fails here with the fix in the message)
+    with pytest.raises(OSError, match="local checkpoint folder"):
+        load_clip("fedrapp-tests/not-cached-clip", device="cpu")
+    assert requests  # it did try the network
+
+
 def test_testbed_name_resolves_to_the_package_folder(monkeypatch, tmp_path, tiny_clip_dir):
     monkeypatch.setattr(loading_module, "_TESTBED_FOLDER", tmp_path / "model")
     with pytest.raises(FileNotFoundError, match="testbed model folder"):

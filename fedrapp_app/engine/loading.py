@@ -125,10 +125,29 @@ def _unreachable_message(source: str, err: Exception) -> str:
     )
 
 
+def _from_pretrained(where: str, local_files_only: bool) -> tuple[CLIPModel, PreTrainedTokenizerBase, object]:
+    """Model, tokenizer and image processor of ``where`` (a folder or a Hub id) through ``from_pretrained``."""
+    with _quiet_progress_bars():
+        config = AutoConfig.from_pretrained(where, local_files_only=local_files_only)
+        if not isinstance(config, CLIPConfig):
+            raise ValueError(f"{where!r} holds a {type(config).__name__} (model_type="
+                             f"{getattr(config, 'model_type', '?')!r}), not a CLIP checkpoint; "
+                             "FedRAPP needs a CLIPModel checkpoint such as " + repr(DEFAULT_CHECKPOINT))
+        model = CLIPModel.from_pretrained(where, config=config, local_files_only=local_files_only)
+        tokenizer = AutoTokenizer.from_pretrained(where, local_files_only=local_files_only)
+        image_processor = AutoImageProcessor.from_pretrained(where, local_files_only=local_files_only)
+    return model, tokenizer, image_processor
+
+
 def load_clip(
     source: str | Path = DEFAULT_CHECKPOINT, device: str | torch.device = "auto", precision: str = "fp32"
 ) -> FrozenCLIP:
     """Load a frozen CLIP from ``source`` (``"testbed"``, a local folder, or a Hub id).
+
+    A Hub id is first looked up in the local Hugging Face cache only (``local_files_only``): a deployed
+    ClientApp loads the model in every round (a new process per message), and a cached checkpoint then
+    costs no network round-trip (nor a timeout on a node without Internet access). Only a checkpoint that
+    is not fully cached is fetched from the Hub.
 
     Raises ``FileNotFoundError`` for a missing folder, ``ValueError`` for a checkpoint that is not a CLIP
     model or a bad device/precision, and ``OSError`` (with the fix) when a Hub id cannot be fetched.
@@ -139,18 +158,15 @@ def load_clip(
     if local and not (Path(where) / "config.json").is_file():
         raise ValueError(f"{where!r} is not a Hugging Face checkpoint folder: it has no config.json")
     try:
-        with _quiet_progress_bars():
-            config = AutoConfig.from_pretrained(where, local_files_only=local)
-            if not isinstance(config, CLIPConfig):
-                raise ValueError(f"{where!r} holds a {type(config).__name__} (model_type="
-                                 f"{getattr(config, 'model_type', '?')!r}), not a CLIP checkpoint; "
-                                 "FedRAPP needs a CLIPModel checkpoint such as " + repr(DEFAULT_CHECKPOINT))
-            model = CLIPModel.from_pretrained(where, config=config, local_files_only=local)
-            tokenizer = AutoTokenizer.from_pretrained(where, local_files_only=local)
-            image_processor = AutoImageProcessor.from_pretrained(where, local_files_only=local)
+        parts = _from_pretrained(where, local_files_only=True)
     except OSError as err:
         if local:
             raise OSError(f"could not load the CLIP checkpoint folder {where!r}: {err}") from err
-        raise OSError(_unreachable_message(where, err)) from None
+        # A Hub id that is not (completely) in the local cache: fetch it.
+        try:
+            parts = _from_pretrained(where, local_files_only=False)
+        except OSError as err:
+            raise OSError(_unreachable_message(where, err)) from None
+    model, tokenizer, image_processor = parts
     model.requires_grad_(False).eval().to(resolved_device)
     return FrozenCLIP(model, tokenizer, image_processor, resolved_device, precision, where)

@@ -1,0 +1,69 @@
+"""The performance scripts run (shrunk) on the CPU: the GPU table script, the memory script, the shared helpers."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
+sys.path.insert(0, str(BENCHMARKS))
+
+import gpu_step  # noqa: E402
+import vitb16  # noqa: E402
+
+
+def test_vision_flop_count_matches_the_analytic_count():
+    from fedrapp_app.engine import PromptedCLIP
+
+    clip = vitb16.vit_b16(tiny=True)
+    tower = gpu_step.tower_throughput(PromptedCLIP(clip, vitb16.CALTECH101[:5]), batch=2, repeats=1)
+    # torch's counter skips the CPU flash-attention kernel; on CUDA it counts attention too
+    assert tower["flops_counted"] in (pytest.approx(tower["flops_dense"], rel=1e-9),
+                                      pytest.approx(tower["flops_per_image"], rel=1e-9))
+    assert tower["flops_per_image"] == tower["flops_dense"] + tower["flops_attention"] > 0
+    assert tower["tflops"] > 0 and tower["images_per_s"] > 0
+    # the full-size count: ViT-B/16 at 224 px is about 17.6 GMACs = 35.1 GFLOP per image
+    full = vitb16.vit_b16_config(100, 1, 2, 0)
+    assert gpu_step.vision_flops_analytic(full)["total"] == pytest.approx(35.1e9, rel=0.01)
+
+
+def test_gpu_script_tiny_run_on_cpu_writes_every_row(tmp_path, monkeypatch):
+    out = tmp_path / "gpu.json"
+    monkeypatch.setattr(sys, "argv", ["gpu_step.py", "--tiny", "--device", "cpu", "--precision", "fp32",
+                                      "--classes", "10", "--json", str(out)])
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # tiny ops: a second thread only adds synchronisation on a busy machine
+    try:
+        gpu_step.main()
+    finally:
+        torch.set_num_threads(threads)
+    result = json.loads(out.read_text())
+    assert [row["method"] for row in result["methods"]] == list(gpu_step.METHODS)
+    assert all(row["images_per_s"] > 0 and row["batch"] == 4 for row in result["methods"])
+    assert result["tiny"] and result["tower"]["tflops"] > 0
+
+
+def test_gpu_script_refuses_the_full_size_run_without_a_gpu(monkeypatch):
+    monkeypatch.setattr(sys, "argv", ["gpu_step.py", "--device", "cpu"])
+    with pytest.raises(SystemExit):
+        gpu_step.main()
+
+
+def test_random_vit_b16_folder_loads_through_load_clip(tmp_path):
+    from fedrapp_app.engine import PromptedCLIP, load_clip
+
+    folder = vitb16.save_vit_b16(tmp_path / "clip", vitb16.CALTECH101[:3], tiny=True)
+    clip = load_clip(folder, device="cpu")
+    pclip = PromptedCLIP(clip, vitb16.CALTECH101[:3])
+    assert pclip.text_features([pclip.context_from_text("a photo of a")]).shape[:2] == (1, 3)
+
+
+def test_median_seconds_and_load_average():
+    calls = []
+    median, times = vitb16.median_seconds(lambda: calls.append(1), repeats=3, warmup=2)
+    assert len(calls) == 5 and len(times) == 3 and median >= 0
+    assert vitb16.wait_for_quiet(threshold=float("inf")) == vitb16.load_average()
