@@ -110,9 +110,7 @@ def test_corruption_is_deterministic_per_sample_and_changes_the_image(name: str,
 
 @pytest.mark.parametrize("name", CORRUPTIONS)
 def test_severity_increases_the_damage(name: str, images: np.ndarray) -> None:
-    damage = [
-        np.abs(corrupt(images, name, s, SEEDS).astype(float) - images).mean() for s in range(1, MAX_SEVERITY + 1)
-    ]
+    damage = [np.abs(corrupt(images, name, s, SEEDS).astype(float) - images).mean() for s in range(1, MAX_SEVERITY + 1)]
     assert damage[0] < damage[1] < damage[2], damage
 
 

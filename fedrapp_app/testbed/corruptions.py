@@ -41,7 +41,7 @@ DOMAIN_WORDS: dict[str, str] = {
 #: A sensible default list of client domains, (corruption, severity): one per family, at a severity
 #: where the shipped model's hand-prompt zero-shot accuracy drops clearly but keeps a signal to adapt
 #: on (README table; gaussian noise at severity 2 leaves about 25% and no adaptation recovers it).
-#: hue_shift is the negative control: it changes which colour word is right.
+#: hue_shift is the family pretraining never saw (a strong rotation changes which colour word is right).
 DEFAULT_DOMAINS: tuple[tuple[str, int], ...] = (
     ("gaussian_noise", 1),
     ("blur", 2),
@@ -192,10 +192,6 @@ def corrupt(images: np.ndarray, name: str, severity: int, seeds: np.ndarray) -> 
     uint8 [B, H, W, 3]
     """
     _check_name(name)
-    if (
-        isinstance(severity, bool)
-        or not isinstance(severity, (int, np.integer))
-        or not (1 <= severity <= MAX_SEVERITY)
-    ):
+    if isinstance(severity, bool) or not isinstance(severity, (int, np.integer)) or not (1 <= severity <= MAX_SEVERITY):
         raise ValueError(f"severity must be an integer in 1..{MAX_SEVERITY}, got {severity!r}")
     return corrupt_level(images, name, float(severity), seeds)

@@ -218,7 +218,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--model", default="testbed", help="'testbed' (shipped), a folder or a Hub id")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2], help="report 0 1 2; tune on >= 100")
     parser.add_argument("--domains", nargs="+", default=[f"{n}:{s}" for n, s in DEFAULT_DOMAINS])
-    parser.add_argument("--methods", nargs="+", default=["adaprompt", "tpt-online"])
+    parser.add_argument(
+        "--methods", nargs="+", default=["adaprompt"], help="local methods (tpt-online: 64 views an image, slow)"
+    )
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="METHOD.PARAM=VALUE")
     parser.add_argument("--stream-size", type=int, default=640)
     parser.add_argument("--batch-size", type=int, default=64)
