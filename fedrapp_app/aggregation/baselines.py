@@ -166,13 +166,20 @@ def fedavg_round(
     if not total > 0:
         raise ValueError("fedavg needs a positive total of num_examples over the replying clients, got 0")
     global_prompt = (counts @ x.tuned) / total  # absent rows have count 0 and a finite (sent) row
+    return send_to_everyone(x, global_prompt, np.tile(counts / total, (x.replied.shape[0], 1)))
+
+
+def send_to_everyone(
+    x: RoundInputs, global_prompt: NDArray[np.float64], xi: NDArray[np.float64] | None = None
+) -> RoundOutput:
+    """A global rule's output: ``global_prompt`` [d] becomes every client's memory and next prompt."""
     n = x.replied.shape[0]
     everyone = np.broadcast_to(global_prompt, x.tuned.shape)
     keep_none = np.zeros(n, dtype=bool)
     return RoundOutput(
         memory=keep_rows(everyone, x.memory32, keep_none),
         personalized=keep_rows(everyone, x.sent32, keep_none),
-        diagnostics=_baseline_diagnostics(x, np.zeros(n), np.tile(counts / total, (n, 1))),
+        diagnostics=_baseline_diagnostics(x, np.zeros(n), xi),
     )
 
 

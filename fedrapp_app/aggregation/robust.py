@@ -9,6 +9,7 @@ applied to the flattened prompt vectors.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -16,14 +17,13 @@ from flwr.server.strategy.aggregate import aggregate_krum
 from flwr.serverapp.strategy.fedtrimmedavg import trim_mean
 from numpy.typing import ArrayLike, NDArray
 
-from fedrapp_app.aggregation.baselines import _baseline_diagnostics
+from fedrapp_app.aggregation.baselines import send_to_everyone
 from fedrapp_app.aggregation.common import (
     NON_NEGATIVE,
     Interval,
     RoundInputs,
     RoundOutput,
     RuleParams,
-    keep_rows,
     param,
     unchanged_round,
     validate_round,
@@ -49,15 +49,11 @@ class KrumParams(RuleParams):
     num_malicious: float = param(1.0, NON_NEGATIVE, "f, the number of adversarial clients tolerated")
 
 
-def _global(x: RoundInputs, global_prompt: NDArray[np.float64]) -> RoundOutput:
-    n = x.replied.shape[0]
-    everyone = np.broadcast_to(global_prompt, x.tuned.shape)
-    keep_none = np.zeros(n, dtype=bool)
-    return RoundOutput(
-        memory=keep_rows(everyone, x.memory32, keep_none),
-        personalized=keep_rows(everyone, x.sent32, keep_none),
-        diagnostics=_baseline_diagnostics(x, np.zeros(n), None),
-    )
+def _global_statistic(x: RoundInputs, statistic: Callable[[NDArray[np.float64]], NDArray]) -> RoundOutput:
+    """Send ``statistic(replies [A, d]) -> [d]`` to every client (nothing moves if nobody replied)."""
+    if not x.replied.any():
+        return unchanged_round(x)
+    return send_to_everyone(x, np.asarray(statistic(x.tuned[x.replied]), dtype=np.float64))
 
 
 def fedmedian_round(
@@ -66,9 +62,7 @@ def fedmedian_round(
 ) -> RoundOutput:
     """fedmedian: P_g = coordinate-wise median of the replies, sent to every client."""
     x = validate_round(tuned, sent, memory, h_pre, h_post, replied, num_examples)
-    if not x.replied.any():
-        return unchanged_round(x)
-    return _global(x, np.median(x.tuned[x.replied], axis=0))
+    return _global_statistic(x, lambda replies: np.median(replies, axis=0))
 
 
 def fedtrimmedavg_round(
@@ -76,11 +70,9 @@ def fedtrimmedavg_round(
     replied: ArrayLike, num_examples: ArrayLike, params: FedTrimmedAvgParams | None = None,
 ) -> RoundOutput:
     """fedtrimmedavg: P_g = coordinate-wise trimmed mean of the replies (cut ``beta`` at each end)."""
-    params = params or FedTrimmedAvgParams()
+    beta = (params or FedTrimmedAvgParams()).beta
     x = validate_round(tuned, sent, memory, h_pre, h_post, replied, num_examples)
-    if not x.replied.any():
-        return unchanged_round(x)
-    return _global(x, trim_mean(x.tuned[x.replied], params.beta))
+    return _global_statistic(x, lambda replies: trim_mean(replies, beta))
 
 
 def krum_round(
@@ -88,10 +80,7 @@ def krum_round(
     replied: ArrayLike, num_examples: ArrayLike, params: KrumParams | None = None,
 ) -> RoundOutput:
     """krum: P_g = the reply with the smallest summed distance to its n - f - 2 nearest replies."""
-    params = params or KrumParams()
+    f = int((params or KrumParams()).num_malicious)
     x = validate_round(tuned, sent, memory, h_pre, h_post, replied, num_examples)
-    if not x.replied.any():
-        return unchanged_round(x)
-    uploads = [([row], 1) for row in x.tuned[x.replied]]
-    chosen = aggregate_krum(uploads, num_malicious=int(params.num_malicious), to_keep=0)[0]
-    return _global(x, np.asarray(chosen, dtype=np.float64))
+    return _global_statistic(
+        x, lambda replies: aggregate_krum([([row], 1) for row in replies], num_malicious=f, to_keep=0)[0])
