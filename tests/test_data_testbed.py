@@ -96,8 +96,8 @@ def test_bad_domains_are_rejected_before_any_rendering(domains, match):
 def test_default_domains_are_valid_and_shared_by_two_clients_each():
     default = DataSpec()
     assert client_domains(default) == [
-        "gaussian_noise:2", "blur:2", "contrast:2", "color_cast:2",
-        "gaussian_noise:2", "blur:2", "contrast:2", "color_cast:2",
+        "gaussian_noise:1", "blur:2", "contrast:2", "color_cast:2",
+        "gaussian_noise:1", "blur:2", "contrast:2", "color_cast:2",
     ]  # fmt: skip
 
 
