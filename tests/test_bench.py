@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 import fedrapp_app.bench.grid as grid_module
-from fedrapp_app.bench import BenchError, BenchRunner, load_bench, parse_bench, read_rows
+from fedrapp_app.bench import BenchError, BenchRunner, load_bench, parse_bench, read_rows, write_rows
 from fedrapp_app.bench.report import write_report
 from fedrapp_app.bench.schema import identity_key
 from fedrapp_app.bench.stats import Setting, best_settings, by_key, mean_std, settings_of
@@ -28,7 +28,8 @@ def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def tiny_base(model: Path) -> dict:
     """2 clients, 2 rounds of 16 images; AdaPrompt updates from the first round on the random model."""
     return {"model": str(model), "num-clients": 2, "testbed-samples": 128, "batch-size": 16, "num-rounds": 2,
-            "adaprompt-threshold": 0.0, "adaprompt-buffer-size": 16, "decode-workers": 0, "partition": "iid"}
+            "adaprompt-threshold": 0.0, "adaprompt-buffer-size": 16, "decode-workers": 0, "partition": "iid",
+            "testbed-domains": "blur:1,contrast:1"}
 
 
 def two_cells(model: Path, out: Path) -> dict:
@@ -91,10 +92,9 @@ def test_cells_are_run_configs_deduplicated_by_what_changes_results():
     shared = [c for c in spec.cells if len(c.memberships) == 2]
     assert sorted(m.labels["variant"] for c in shared for m in c.memberships if m.grid == "ablations") == [
         "fedrapp", "fedrapp", "none-fed", "none-fed"]
-    # Identity ignores other rules' and methods' keys, default values, speed keys; not the rule's own keys.
+    # Identity ignores other rules' and methods' keys and speed keys; not the rule's own keys.
     base = {"strategy": "none-fed", "local-method": "adaprompt"}
     assert identity_key(base) == identity_key({**base, "mu0": 0.0, "tpt-views": 8, "decode-workers": 0})
-    assert identity_key(base) == identity_key({**base, "adaprompt-lr": 5e-3})
     assert identity_key({**base, "strategy": "fedrapp"}) != identity_key({**base, "strategy": "fedrapp", "mu0": 0})
     assert identity_key({**base, "gamma0": 0}) == identity_key({**base, "gamma0": 0.0})
 
@@ -151,7 +151,7 @@ def test_grid_writes_one_row_per_cell_skips_finished_cells_and_resumes(tiny_mode
     assert row["summary"]["samples"] == 2 * 2 * 16 and row["summary"]["rounds"] == 2
     assert row["rounds"]["round"] == [1, 2] and sum(row["rounds"]["n"]) == 64
     assert sum(row["rounds"]["correct"]) / 64 == pytest.approx(row["summary"]["micro_accuracy"])
-    assert set(row["clients"]) == {"0", "1"} and row["clients"]["0"]["domain"] == "gaussian_noise:2"
+    assert set(row["clients"]) == {"0", "1"} and row["clients"]["1"]["domain"] == "contrast:1"
     assert all(v is not None for v in row["clients"]["0"]["mu"])  # FedRAPP's per-client diagnostics are kept
     assert row["grids"]["main"]["labels"] == {"strategy": "fedrapp", "seed": "0"}
 
@@ -277,4 +277,16 @@ def test_cells_of_other_weights_are_never_mixed(tiny_model, tmp_path, monkeypatc
     assert read_rows(runner.bench_dir)[0]["model_fingerprint"] == grid_module.model_fingerprint(str(model))
     make_tiny_clip(model, world.CLASSNAMES, seed=1)  # the same folder, new weights
     with pytest.raises(BenchError, match="other weights of model"):
+        BenchRunner(parse_bench(source)).run(progress=False)
+
+
+def test_cells_computed_with_other_defaults_are_never_mixed(tiny_model, tmp_path, monkeypatch):
+    source = two_cells(tiny_model, tmp_path / "bench")
+    runner = run_bench(source, monkeypatch, CountingRunCell(stop_at=2))
+    rows = read_rows(runner.bench_dir)
+    assert rows[0]["bench_git"] == runner.git
+    rows[0]["full_config"]["adaprompt-lr"] = 1e-3  # as if the default had been 1e-3 when it ran
+    rows[0]["full_config"]["tpt-lr"] = 1e-3  # a key AdaPrompt never reads: not a conflict
+    write_rows(runner.bench_dir, rows)
+    with pytest.raises(BenchError, match=r"other defaults \(adaprompt-lr: 0.001 -> 0.005\)"):
         BenchRunner(parse_bench(source)).run(progress=False)

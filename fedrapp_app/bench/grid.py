@@ -25,8 +25,9 @@ import yaml
 from tqdm import tqdm
 
 from fedrapp_app.bench.rows import make_row, read_rows, write_rows, write_text_atomic
-from fedrapp_app.bench.schema import BenchError, BenchSpec, Cell
-from fedrapp_app.config import DEFAULTS
+from fedrapp_app.bench.schema import BenchError, BenchSpec, Cell, irrelevant_keys
+from fedrapp_app.config import DEFAULTS, ConfigError, RunConfig
+from fedrapp_app.results import git_state
 
 log = logging.getLogger("fedrapp.bench")
 
@@ -125,6 +126,8 @@ class BenchRunner:
         self.rows = read_rows(self.bench_dir)
         self.failures: dict[str, str] = {}
         self._fingerprints: dict[str, str | None] = {}
+        # The code a long grid runs is the code it started with, whatever HEAD says later.
+        self.git = git_state(Path(__file__).resolve().parent)
 
     def memberships(self, cell: Cell) -> dict[str, Any]:
         return {m.grid: m.to_json(self.spec.oracles) for m in cell.memberships}
@@ -152,29 +155,53 @@ class BenchRunner:
             self._fingerprints[model] = model_fingerprint(model)
         return self._fingerprints[model]
 
-    def check_weights(self) -> None:
-        """Refuse to add cells to rows computed with other weights under the same model name."""
-        stale = [row for row in self.rows
-                 if row.get("model_fingerprint") not in (None, self.fingerprint(row["config"]))]
-        if stale:
-            model = stale[0]["config"].get("model", DEFAULTS["model"])
-            raise BenchError(
-                f"{len(stale)} finished cell(s) in {self.bench_dir} were computed with other weights of model "
-                f"{model!r} (fingerprint {stale[0]['model_fingerprint']}, now {self.fingerprint(stale[0]['config'])}"
-                "): run into a new --out, or delete those rows from cells.jsonl to recompute them"
-            )
+    def check_finished(self) -> None:
+        """Refuse to add cells to rows computed with other weights or other defaults than the current ones.
+
+        Cell identities hold only overrides, so a changed default or retrained checkpoint would otherwise
+        mix two experiments in one table.
+        """
+        problems = []
+        for row in self.rows:
+            config = row["config"]
+            fingerprint = row.get("model_fingerprint")
+            if fingerprint is not None and fingerprint != self.fingerprint(config):
+                problems.append(f"{row['id']}: computed with other weights of model "
+                                f"{config.get('model', DEFAULTS['model'])!r}")
+                continue
+            changed = self._changed_defaults(row)
+            if changed:
+                problems.append(f"{row['id']}: computed with other defaults ({changed})")
+        if problems:
+            listing = "\n  ".join(problems[:5]) + (f"\n  ... and {len(problems) - 5} more" if len(problems) > 5 else "")
+            raise BenchError(f"{len(problems)} finished cell(s) in {self.bench_dir} belong to another experiment:\n"
+                             f"  {listing}\nrun into a new --out, or delete those rows from cells.jsonl to "
+                             "recompute them")
+
+    @staticmethod
+    def _changed_defaults(row: Mapping[str, Any]) -> str:
+        """Relevant keys whose value in the row's run differs from what its overrides give now."""
+        old = row.get("full_config") or {}
+        try:
+            now = RunConfig.from_run_config(dict(row["config"])).values
+        except ConfigError as err:
+            return f"its overrides are no longer valid: {err}"
+        skip = irrelevant_keys(str(now["strategy"]), str(now["local-method"]))
+        changed = [f"{k}: {old[k]!r} -> {now[k]!r}" for k in now if k in old and k not in skip and old[k] != now[k]]
+        return ", ".join(changed)
 
     def _finish(self, cell: Cell, result: CellResult) -> None:
         row = make_row(cell.key, cell.id, cell.overrides, self.memberships(cell), result.summary,
                        result.rounds, result.domains, result.seconds)
         row["model_fingerprint"] = self.fingerprint(cell.overrides)
+        row["bench_git"] = self.git
         self.rows.append(row)
         write_rows(self.bench_dir, self.rows)  # after every cell: an interruption loses at most running cells
 
     def run(self, workers: int = 1, threads: int | None = 1, limit: int | None = None,
             progress: bool = True) -> list[dict[str, Any]]:
         """Run every pending cell (at most ``limit``); return all rows. Failed cells are listed in ``failures``."""
-        self.check_weights()
+        self.check_finished()
         self.bench_dir.mkdir(parents=True, exist_ok=True)
         write_text_atomic(self.bench_dir / "bench.yaml", yaml.safe_dump(self.spec.source, sort_keys=False))
         self.refresh_labels()

@@ -19,8 +19,8 @@ A cell is a plain run-config dict (the same keys as ``flwr run -c``), so any key
           seed: [0, 1, 2]                                    # the axis averaged over in the reports
 
 The identity of a cell (what "finished" is checked against) is its overrides without the keys that cannot
-change its results: keys of other server rules and local methods, keys left at their default value and
-keys that only tune speed. zeroshot runs once per remaining setting with none-fed and carries the strategy
+change its results: keys of other server rules and local methods and keys that only tune speed (a key set
+to its default value counts as set). zeroshot runs once per remaining setting with none-fed and carries the strategy
 label "zeroshot". Within a grid, a cell several combinations reduce to appears once, under the labels of the
 first combination; across grids a shared cell runs once and belongs to every grid that lists it.
 """
@@ -38,7 +38,7 @@ from typing import Any
 
 import yaml
 
-from fedrapp_app.config import DEFAULTS, METHOD_KEYS, RULE_KEYS, ConfigError, RunConfig, check_values
+from fedrapp_app.config import DEFAULTS, METHOD_KEYS, RULE_KEYS, ConfigError, RunConfig
 
 #: Keys the runner sets for every cell (each cell writes into its own folder of the bench directory).
 RUNNER_KEYS = ("output-dir", "run-name", "resume")
@@ -100,18 +100,29 @@ class BenchSpec:
     source: dict[str, Any]  # the parsed YAML, stored beside the results
 
 
-def identity(overrides: Mapping[str, Any]) -> dict[str, Any]:
-    """The overrides that determine a run's results (see the module docstring), type-normalised.
-
-    ``overrides`` must be valid (``check_values`` passes); the returned dict is sorted by key.
-    """
-    values = check_values({k: v for k, v in overrides.items() if k not in RUNNER_KEYS})
-    strategy, method = values["strategy"], values["local-method"]
+def irrelevant_keys(strategy: str, method: str) -> set[str]:
+    """Keys that cannot change the results of a cell with this server rule and local method."""
     foreign = {k for rule, keys in RULE_KEYS.items() if rule != strategy for k in keys}
     foreign |= {k for name, keys in METHOD_KEYS.items() if name != method for k in keys}
-    foreign -= set(RULE_KEYS[str(strategy)]) | set(METHOD_KEYS[str(method)])
-    return {k: values[k] for k in sorted(overrides)
-            if k not in foreign and k not in SPEED_KEYS and k not in RUNNER_KEYS and values[k] != DEFAULTS[k]}
+    foreign -= set(RULE_KEYS.get(strategy, {})) | set(METHOD_KEYS.get(method, {}))
+    return foreign | set(SPEED_KEYS) | set(RUNNER_KEYS)
+
+
+def _canonical(value: Any) -> Any:
+    # 0 and 0.0 are the same setting for a float key; a bool is not a number here.
+    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else value
+
+
+def identity(overrides: Mapping[str, Any]) -> dict[str, Any]:
+    """The overrides that determine a run's results (see the module docstring), sorted, numbers as floats.
+
+    It depends only on ``overrides`` (not on the current defaults), so keys stored in rows stay valid
+    when a default changes; :meth:`BenchRunner.check_finished` catches rows whose defaults differ.
+    """
+    strategy = str(overrides.get("strategy", DEFAULTS["strategy"]))
+    method = str(overrides.get("local-method", DEFAULTS["local-method"]))
+    skip = irrelevant_keys(strategy, method)
+    return {k: _canonical(overrides[k]) for k in sorted(overrides) if k not in skip}
 
 
 def identity_key(overrides: Mapping[str, Any]) -> str:
