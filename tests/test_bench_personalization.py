@@ -1,0 +1,95 @@
+"""The personalization report: per-domain accuracy, same-domain peer share against uniform weights, figures."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from fedrapp_app.bench import write_rows
+from fedrapp_app.bench.personalization import (
+    domain_accuracy,
+    main,
+    pooled_share,
+    share_curves,
+    uniform_share,
+    write_personalization,
+)
+
+
+def block(domain: str, rounds: list[int], acc: list[float], n: list[int], share: list[float | None]) -> dict:
+    size = len(rounds)
+    return {"domain": domain, "round": rounds, "n": n, "acc": acc, "acc_before": acc, "h_pre": [1.0] * size,
+            "h_post": [0.9] * size, "update_norm": [0.1] * size, "r": [0.5] * size, "mu": [0.4] * size,
+            "gamma": [0.3] * size, "same_domain_share": share}
+
+
+def fake_row(key: str, strategy: str, seed: int, shares: tuple[float, float] = (0.5, 0.5)) -> dict:
+    """Three clients: 0 and 2 blur, 1 contrast; client 2 skips round 2 and has no peers in round 1."""
+    clients = {
+        "0": block("blur", [1, 2], [0.5, 0.7], [10, 30], [shares[0], shares[1]]),
+        "1": block("contrast", [1, 2], [0.2, 0.4], [20, 20], [0.0, 0.0]),
+        "2": block("blur", [1], [1.0], [10], [None]),
+    }
+    labels = {"strategy": strategy, "seed": str(seed)}
+    return {"key": key, "id": key, "config": {"strategy": strategy, "local-method": "im", "seed": seed},
+            "grids": {"S1": {"index": 0, "labels": labels, "order": [0, seed], "compare": ["strategy"],
+                             "oracle": False}},
+            "summary": {"micro_accuracy": 0.5, "macro_accuracy": 0.5, "micro_accuracy_received_prompt": 0.5},
+            "seconds": 1.0, "clients": clients}
+
+
+def test_uniform_share_counts_the_other_clients_of_the_same_domain():
+    domains = {0: "blur", 1: "contrast", 2: "blur", 3: "blur", 4: "contrast"}
+    assert uniform_share(domains, 0) == pytest.approx(2 / 4)
+    assert uniform_share(domains, 1) == pytest.approx(1 / 4)
+    with pytest.raises(ValueError, match="two clients"):
+        uniform_share({0: "blur"}, 0)
+
+
+def test_share_curves_mark_missing_rounds_and_clients_without_peers():
+    rounds, shares = share_curves(fake_row("a", "fedrapp", 0, shares=(0.25, 1.0)))
+    assert rounds.tolist() == [1, 2]
+    assert shares[0].tolist() == [0.25, 1.0] and shares[1].tolist() == [0.0, 0.0]
+    assert math.isnan(shares[2, 0]) and math.isnan(shares[2, 1])  # no peers, then absent
+
+
+def test_pooled_share_averages_clients_and_rounds_per_seed_then_over_seeds():
+    rows = [fake_row("a", "fedrapp", 0, shares=(1.0, 1.0)), fake_row("b", "fedrapp", 1, shares=(0.5, 0.5))]
+    every, uniform = pooled_share(rows)
+    # seed 0: mean(1, 1, 0, 0) = 0.5; seed 1: mean(0.5, 0.5, 0, 0) = 0.25
+    assert every.n == 2 and every.mean == pytest.approx(0.375) and every.std == pytest.approx(np.std([0.5, 0.25],
+                                                                                                      ddof=1))
+    assert uniform == pytest.approx((1 / 2 + 0 + 1 / 2) / 3)
+    late, _ = pooled_share(rows[:1], last=1)
+    assert late.mean == pytest.approx(0.5)  # round 2 only: clients 0 (1.0) and 1 (0.0)
+
+
+def test_domain_accuracy_pools_the_samples_of_each_domains_clients():
+    acc = domain_accuracy(fake_row("a", "fedrapp", 0))
+    # blur: (0.5·10 + 0.7·30 + 1.0·10) / 50; contrast: (0.2·20 + 0.4·20) / 40
+    assert acc == {"blur": pytest.approx(36 / 50), "contrast": pytest.approx(12 / 40)}
+
+
+def test_report_writes_tables_and_figures_from_the_rows(tmp_path):
+    rows = [fake_row(f"f{s}", "fedrapp", s) for s in (0, 1)] + [fake_row(f"n{s}", "none-fed", s) for s in (0, 1)]
+    for row in rows[2:]:
+        for b in row["clients"].values():
+            b["same_domain_share"] = [None] * len(b["round"])
+    write_rows(tmp_path, rows)
+    path = write_personalization(tmp_path, tmp_path / "out")
+    text = path.read_text()
+    assert "| fedrapp | 72.00 ± 0.00 | 30.00 ± 0.00 |" in text
+    assert "| fedrapp | 25.0 ± 0.0 | 25.0 ± 0.0 | 33.3 |" in text  # mean(0.5, 0.5, 0, 0); FedRAPP settings only
+    assert (tmp_path / "out" / "share-S1.png").stat().st_size > 0
+    assert (tmp_path / "out" / "traces-S1.png").stat().st_size > 0
+
+
+def test_command_line_names_a_grid_without_domains(tmp_path, capsys):
+    row = fake_row("a", "fedrapp", 0)
+    row["clients"]["1"]["domain"] = None
+    write_rows(tmp_path, [row])
+    assert main([str(tmp_path)]) == 2
+    assert "testbed-domains" in capsys.readouterr().err
+    assert main([str(tmp_path / "empty")]) == 2
