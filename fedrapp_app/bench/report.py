@@ -95,13 +95,15 @@ def grid_markdown(settings: Sequence[Setting], best: set[int], index: Mapping[st
                 out.write(f"| {method} | " + " | ".join(row) + " |\n")
 
     context_axes = list(settings[0].context)
-    out.write("\n### All numbers\n\n| " + " | ".join([*context_axes, "method"]) + " | "
-              + " | ".join(name for _, name in COLUMNS) + " | Δ micro vs none-fed | seeds | s / cell |\n")
-    out.write("|" + "---|" * (len(context_axes) + len(COLUMNS) + 4) + "\n")
+    headers = [*context_axes, "method", *(name for _, name in COLUMNS), "Δ micro vs none-fed",
+               "peer weight on own domain (%)", "seeds", "s / cell"]
+    out.write("\n### All numbers\n\n| " + " | ".join(headers) + " |\n")
+    out.write("|" + "---|" * len(headers) + "\n")
     for i, (s, gain) in enumerate(gains):
         values = [s.metric(key).format() for key, _ in COLUMNS]
         values[0] = _bold(values[0], offset + i in best)
-        out.write("| " + " | ".join([*s.context.values(), _label(s), *values, _gain_text(gain), str(len(s.rows)),
+        share = s.same_domain_share().format(digits=0)
+        out.write("| " + " | ".join([*s.context.values(), _label(s), *values, _gain_text(gain), share, str(len(s.rows)),
                                      _seconds(s.seconds())]) + " |\n")
     for context in contexts:
         if context in figures:
@@ -120,7 +122,9 @@ def settings_records(settings: Sequence[Setting], best: set[int], index: Mapping
         gain = s.gain(index)
         record["gain_vs_none_fed_mean"] = gain.mean if gain else ""
         record["gain_vs_none_fed_std"] = gain.std if gain else ""
-        record.update(seeds=len(s.rows), seconds_mean=s.seconds().mean, best=i in best, oracle=s.oracle)
+        share = s.same_domain_share()
+        record.update(same_domain_share_mean=share.mean, seeds=len(s.rows), seconds_mean=s.seconds().mean,
+                      best=i in best, oracle=s.oracle)
         records.append(record)
     return records
 

@@ -89,6 +89,15 @@ class Setting:
         """Mean ± std over seeds of ``row["summary"][name]``."""
         return mean_std(row["summary"].get(name) for row in self.rows)
 
+    def same_domain_share(self) -> Stat:
+        """Share of the peer weight on same-domain clients: mean over clients and rounds, then over seeds."""
+        per_seed = []
+        for row in self.rows:
+            values = [v for block in row.get("clients", {}).values() for v in block.get("same_domain_share", [])
+                      if v is not None]
+            per_seed.append(float(np.mean(values)) if values else None)
+        return mean_std(per_seed)
+
     def seconds(self) -> Stat:
         return mean_std(row["seconds"] for row in self.rows)
 
