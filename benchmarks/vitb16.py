@@ -109,11 +109,22 @@ def wait_for_quiet(threshold: float = 1.5, patience: float = 0.0, poll: float = 
 
 def median_seconds(fn: Callable[[], object], repeats: int, warmup: int = 0) -> tuple[float, list[float]]:
     """Median wall time of ``repeats`` calls of ``fn`` (after ``warmup`` untimed calls), and all of them."""
+    timing = measure(fn, repeats, warmup)
+    return timing["wall"], timing["walls"]
+
+
+def measure(fn: Callable[[], object], repeats: int, warmup: int = 0) -> dict:
+    """Median wall and process-CPU seconds of ``repeats`` calls of ``fn`` (after ``warmup`` untimed calls).
+
+    With one torch thread the CPU time is the work itself, little affected by other processes on the machine
+    (they delay it, which only the wall time sees); with several threads it also counts OpenMP spin-waits.
+    """
     for _ in range(warmup):
         fn()
-    times = []
+    walls, cpus = [], []
     for _ in range(repeats):
-        start = time.perf_counter()
+        start, start_cpu = time.perf_counter(), time.process_time()
         fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times), times
+        walls.append(time.perf_counter() - start)
+        cpus.append(time.process_time() - start_cpu)
+    return {"wall": statistics.median(walls), "cpu": statistics.median(cpus), "walls": walls, "cpus": cpus}
