@@ -181,9 +181,10 @@ class PromptedCLIP:
         """
         text = self.clip.model.text_model
         groups = len(contexts)
-        lengths = torch.tensor([1 + ctx.shape[0] for ctx in contexts], device=self.device)  # [G] prefix sizes
-        self._check_length(int(lengths.max()) - 1)
-        prefix_len = int(lengths.max())
+        sizes = [1 + ctx.shape[0] for ctx in contexts]  # prefix sizes, on the host: no device sync
+        self._check_length(max(sizes) - 1)
+        prefix_len = max(sizes)
+        lengths = torch.tensor(sizes, device=self.device)  # [G]
         positions = text.embeddings.position_embedding.weight  # [max_len, D]
         prefix = torch.stack([
             F.pad(torch.cat([self.sos_embed.unsqueeze(0), ctx.float()]), (0, 0, 0, prefix_len - 1 - ctx.shape[0]))
