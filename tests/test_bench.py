@@ -290,3 +290,13 @@ def test_cells_computed_with_other_defaults_are_never_mixed(tiny_model, tmp_path
     write_rows(runner.bench_dir, rows)
     with pytest.raises(BenchError, match=r"other defaults \(adaprompt-lr: 0.001 -> 0.005\)"):
         BenchRunner(parse_bench(source)).run(progress=False)
+
+
+def test_a_checkpoint_of_other_settings_is_run_again(tiny_model, tmp_path, monkeypatch):
+    """A leftover checkpoint whose run differs in a key the identity ignores (another rule's) is not resumed."""
+    source = two_cells(tiny_model, tmp_path / "bench")
+    run_bench(source, monkeypatch, CountingRunCell(stop_at=2, after_round=1))
+    source["base"]["fedamp-sigma"] = 2.0  # not part of the identity, but part of the checkpointed config
+    run_bench(source, monkeypatch, CountingRunCell())
+    rows = read_rows(tmp_path / "bench")
+    assert len(rows) == 2 and rows[1]["full_config"]["resume"] is False and rows[1]["summary"]["rounds"] == 2

@@ -86,7 +86,8 @@ def run_cell(
     """Run one cell in this process, in ``runs_dir/cell_id``.
 
     A cell cut short (its run folder holds a server checkpoint) resumes after its last finished round
-    (``resume = true``: the same results as an uninterrupted run).
+    (``resume = true``: the same results as an uninterrupted run); a checkpoint of a run with other
+    settings is overwritten by a fresh run.
     """
     from fedrapp_app.checkpoint import SERVER_FILE
     from fedrapp_app.client import app as client_app
@@ -100,7 +101,15 @@ def run_cell(
     validated = RunConfig.from_run_config(config)
     start = time.perf_counter()
     grid = InProcessGrid(client_app, int(validated["num-clients"]), config)
-    summary = run_server(grid, config, on_round=on_round)
+    try:
+        summary = run_server(grid, config, on_round=on_round)
+    except ConfigError as err:  # the config was valid above: the checkpoint is of another run
+        if not resume:
+            raise
+        log.warning("cell %s: its checkpoint cannot be resumed (%s); running it from the start", cell_id, err)
+        config["resume"] = False
+        grid = InProcessGrid(client_app, int(validated["num-clients"]), config)
+        summary = run_server(grid, config, on_round=on_round)
     seconds = time.perf_counter() - start
     run_dir = Path(summary["run_dir"])
     rounds = [json.loads(line) for line in (run_dir / "rounds.jsonl").read_text().splitlines() if line]
