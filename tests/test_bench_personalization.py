@@ -10,6 +10,7 @@ import pytest
 from fedrapp_app.bench import write_rows
 from fedrapp_app.bench.personalization import (
     domain_accuracy,
+    full_rounds,
     main,
     pooled_share,
     share_curves,
@@ -40,30 +41,35 @@ def fake_row(key: str, strategy: str, seed: int, shares: tuple[float, float] = (
             "seconds": 1.0, "clients": clients}
 
 
-def test_uniform_share_counts_the_other_clients_of_the_same_domain():
+def test_uniform_share_counts_the_other_clients_of_the_same_domain_that_took_part():
     domains = {0: "blur", 1: "contrast", 2: "blur", 3: "blur", 4: "contrast"}
     assert uniform_share(domains, 0) == pytest.approx(2 / 4)
     assert uniform_share(domains, 1) == pytest.approx(1 / 4)
-    with pytest.raises(ValueError, match="two clients"):
-        uniform_share({0: "blur"}, 0)
+    assert uniform_share(domains, 0, present=[0, 1, 2]) == pytest.approx(1 / 2)
+    assert uniform_share(domains, 1, present=[1, 4]) == pytest.approx(1.0)
+    assert uniform_share(domains, 0, present=[0]) is None  # nobody to share with
 
 
 def test_share_curves_mark_missing_rounds_and_clients_without_peers():
-    rounds, shares = share_curves(fake_row("a", "fedrapp", 0, shares=(0.25, 1.0)))
+    rounds, shares, uniform = share_curves(fake_row("a", "fedrapp", 0, shares=(0.25, 1.0)))
     assert rounds.tolist() == [1, 2]
     assert shares[0].tolist() == [0.25, 1.0] and shares[1].tolist() == [0.0, 0.0]
     assert math.isnan(shares[2, 0]) and math.isnan(shares[2, 1])  # no peers, then absent
+    # round 1: all three clients; round 2: clients 0 and 1 only (of different domains)
+    assert uniform[:, 0].tolist() == [0.5, 0.0, 0.5] and uniform[:2, 1].tolist() == [0.0, 0.0]
+    assert math.isnan(uniform[2, 1])
+    assert full_rounds(fake_row("a", "fedrapp", 0)).tolist() == [True, False]
 
 
 def test_pooled_share_averages_clients_and_rounds_per_seed_then_over_seeds():
     rows = [fake_row("a", "fedrapp", 0, shares=(1.0, 1.0)), fake_row("b", "fedrapp", 1, shares=(0.5, 0.5))]
-    every, uniform = pooled_share(rows)
-    # seed 0: mean(1, 1, 0, 0) = 0.5; seed 1: mean(0.5, 0.5, 0, 0) = 0.25
-    assert every.n == 2 and every.mean == pytest.approx(0.375) and every.std == pytest.approx(np.std([0.5, 0.25],
-                                                                                                      ddof=1))
-    assert uniform == pytest.approx((1 / 2 + 0 + 1 / 2) / 3)
-    late, _ = pooled_share(rows[:1], last=1)
-    assert late.mean == pytest.approx(0.5)  # round 2 only: clients 0 (1.0) and 1 (0.0)
+    ours, uniform = pooled_share(rows)
+    # seed 0: mean(1, 1, 0, 0) = 0.5; seed 1: mean(0.5, 0.5, 0, 0) = 0.25; client 2 never had peers
+    assert ours.n == 2 and ours.mean == pytest.approx(0.375)
+    assert ours.std == pytest.approx(np.std([0.5, 0.25], ddof=1))
+    assert uniform.mean == pytest.approx((0.5 + 0 + 0 + 0) / 4) and uniform.std == pytest.approx(0.0)
+    full, full_uniform = pooled_share(rows[:1], full_only=True)
+    assert full.mean == pytest.approx(0.5) and full_uniform.mean == pytest.approx(0.25)  # round 1, clients 0, 1
 
 
 def test_domain_accuracy_pools_the_samples_of_each_domains_clients():
@@ -81,7 +87,7 @@ def test_report_writes_tables_and_figures_from_the_rows(tmp_path):
     path = write_personalization(tmp_path, tmp_path / "out")
     text = path.read_text()
     assert "| fedrapp | 72.00 ± 0.00 | 30.00 ± 0.00 |" in text
-    assert "| fedrapp | 25.0 ± 0.0 | 25.0 ± 0.0 | 33.3 |" in text  # mean(0.5, 0.5, 0, 0); FedRAPP settings only
+    assert "| fedrapp | 25.0 ± 0.0 | 12.5 ± 0.0 | 25.0 ± 0.0 | 25.0 ± 0.0 |" in text  # FedRAPP settings only
     assert (tmp_path / "out" / "share-S1.png").stat().st_size > 0
     assert (tmp_path / "out" / "traces-S1.png").stat().st_size > 0
 

@@ -7,7 +7,8 @@ FedRAPP's peer weight that falls on same-domain peers per round against the shar
 round and client, over all seeds (``traces-<grid>.png``).
 
 The same-domain share of client i in a round is Σ_{j: d(j) = d(i)} w_ij / Σ_j w_ij (rows.py); with uniform
-weights over every other client it would be (n_d(i) − 1) / (N − 1).
+weights over the other clients that took part in that round it would be the share of those in i's domain
+((n_d(i) − 1) / (N − 1) when every client takes part; late rounds of a label-skewed run hold fewer clients).
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from __future__ import annotations
 import argparse
 import io
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -41,44 +42,66 @@ def domains_of(row: Mapping[str, Any]) -> dict[int, str]:
     return out
 
 
-def uniform_share(domains: Mapping[int, str], client: int) -> float:
-    """Same-domain share of ``client`` under equal weights on all other clients: (n_d − 1) / (N − 1)."""
-    if len(domains) < 2:
-        raise ValueError("a same-domain share needs at least two clients")
-    same = sum(d == domains[client] for d in domains.values()) - 1
-    return same / (len(domains) - 1)
+def uniform_share(domains: Mapping[int, str], client: int, present: Iterable[int] | None = None) -> float | None:
+    """Same-domain share of ``client`` under equal weights on the other clients of ``present`` (default: all).
+
+    (clients of its domain in ``present``, itself excluded) / (clients in ``present``, itself excluded); None
+    when it has no other client.
+    """
+    others = [j for j in (domains if present is None else present) if j != client]
+    if not others:
+        return None
+    return sum(domains[j] == domains[client] for j in others) / len(others)
 
 
-def share_curves(row: Mapping[str, Any]) -> tuple[np.ndarray, np.ndarray]:
-    """Per-round same-domain peer share of every client of one row.
+def share_curves(row: Mapping[str, Any]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per-round same-domain peer share of every client of one row, and the share uniform weights would give.
 
-    Returns (rounds [T], shares [C, T]) with clients in id order and NaN where a client had no peers, did not
-    take part in that round, or the rule records no peer weights.
+    Returns (rounds [T], shares [C, T], uniform [C, T]) with clients in id order. ``shares`` is NaN where a
+    client had no peers, did not take part, or the rule records no peer weights; ``uniform`` is the share of
+    equal weights over the other clients that took part in that round (NaN where the client did not).
     """
     clients = sorted(row["clients"], key=int)
     rounds = np.array(sorted({int(t) for c in clients for t in row["clients"][c]["round"]}), dtype=int)
     position = {int(t): k for k, t in enumerate(rounds)}
+    domains = domains_of(row)
+    present: dict[int, list[int]] = {}
+    for c in clients:
+        for t in row["clients"][c]["round"]:
+            present.setdefault(int(t), []).append(int(c))
     shares = np.full((len(clients), rounds.size), np.nan)
+    uniform = np.full_like(shares, np.nan)
     for i, c in enumerate(clients):
         block = row["clients"][c]
         for t, value in zip(block["round"], block["same_domain_share"], strict=True):
+            k = position[int(t)]
             if value is not None:
-                shares[i, position[int(t)]] = float(value)
-    return rounds, shares
+                shares[i, k] = float(value)
+            reference = uniform_share(domains, int(c), present[int(t)])
+            if reference is not None:
+                uniform[i, k] = reference
+    return rounds, shares, uniform
 
 
-def pooled_share(rows: Sequence[Mapping[str, Any]], last: int | None = None) -> tuple[Stat, float]:
-    """Mean same-domain share over clients and rounds (the last ``last`` rounds of each row), mean ± std over rows,
-    and the mean uniform share of the same clients."""
-    per_row, uniform = [], []
+def full_rounds(row: Mapping[str, Any]) -> np.ndarray:
+    """Bool [T] over ``share_curves``' rounds: every client of the row took part."""
+    rounds, _, uniform = share_curves(row)
+    return np.isfinite(uniform).all(axis=0) if rounds.size else np.zeros(0, dtype=bool)
+
+
+def pooled_share(rows: Sequence[Mapping[str, Any]], full_only: bool = False) -> tuple[Stat, Stat]:
+    """Mean same-domain share over clients and rounds of each row, then mean ± std over rows; the same for the
+    uniform-weights share over the same (client, round) entries. ``full_only``: rounds every client took part in."""
+    ours, reference = [], []
     for row in rows:
-        _, shares = share_curves(row)
-        if last is not None:
-            shares = shares[:, -last:]
-        per_row.append(float(np.nanmean(shares)) if np.isfinite(shares).any() else None)
-        domains = domains_of(row)
-        uniform.append(float(np.mean([uniform_share(domains, c) for c in domains])))
-    return mean_std(per_row), float(np.mean(uniform))
+        _, shares, uniform = share_curves(row)
+        if full_only:
+            keep = full_rounds(row)
+            shares, uniform = shares[:, keep], uniform[:, keep]
+        mask = np.isfinite(shares)
+        ours.append(float(shares[mask].mean()) if mask.any() else None)
+        reference.append(float(uniform[mask].mean()) if mask.any() else None)
+    return mean_std(ours), mean_std(reference)
 
 
 def domain_accuracy(row: Mapping[str, Any]) -> dict[str, float]:
@@ -117,18 +140,20 @@ def share_figure(settings: Sequence[Setting], title: str, path: Path) -> Path:
     for ax, s in zip(axes.flat, settings, strict=False):
         colors = _color_of([d for row in s.rows for d in domains_of(row).values()])
         per_round: dict[int, list[float]] = {}
-        uniform = []
+        per_round_uniform: dict[int, list[float]] = {}
         for row in s.rows:
-            rounds, shares = share_curves(row)
+            rounds, shares, uniform = share_curves(row)
             domains = domains_of(row)
             for i, client in enumerate(sorted(domains)):
                 ax.plot(rounds, shares[i], color=colors[domains[client]], alpha=0.25, linewidth=0.8)
-                uniform.append(uniform_share(domains, client))
             for k, t in enumerate(rounds):
-                per_round.setdefault(int(t), []).extend(v for v in shares[:, k] if np.isfinite(v))
+                mask = np.isfinite(shares[:, k])
+                per_round.setdefault(int(t), []).extend(shares[mask, k])
+                per_round_uniform.setdefault(int(t), []).extend(uniform[mask, k])
         order = sorted(t for t, v in per_round.items() if v)
         ax.plot(order, [np.mean(per_round[t]) for t in order], color="black", linewidth=2, label="mean")
-        ax.axhline(float(np.mean(uniform)), color="grey", linestyle="--", linewidth=1.2, label="uniform weights")
+        ax.plot(order, [np.mean(per_round_uniform[t]) for t in order], color="grey", linestyle="--",
+                linewidth=1.4, label="uniform weights")
         for domain, color in colors.items():
             ax.plot([], [], color=color, label=domain)
         ax.set_title(f"{s.method} (n={len(s.rows)} seeds)", fontsize=9)
@@ -201,13 +226,13 @@ def grid_tables(settings: Sequence[Setting]) -> str:
         out.write(f"| {label} | " + " | ".join(_fmt(st[d]) if d in st else "" for d in domains) + " |\n")
     fedrapp = [s for s in settings if s.strategy == "fedrapp"]
     if fedrapp:
-        out.write("\n| FedRAPP setting | same-domain share, all rounds | last 3 rounds | uniform weights |\n"
-                  "|---|---|---|---|\n")
+        out.write("\n| FedRAPP setting | same-domain share, all rounds | uniform weights, same rounds | "
+                  "rounds with every client | uniform weights, same rounds |\n|---|---|---|---|---|\n")
         for s in fedrapp:
-            every, uniform = pooled_share(s.rows)
-            late, _ = pooled_share(s.rows, last=3)
-            out.write(f"| {s.method} | {every.format(digits=1)} | {late.format(digits=1)} | "
-                      f"{100 * uniform:.1f} |\n")
+            every, every_uniform = pooled_share(s.rows)
+            full, full_uniform = pooled_share(s.rows, full_only=True)
+            out.write(f"| {s.method} | {every.format(digits=1)} | {every_uniform.format(digits=1)} | "
+                      f"{full.format(digits=1)} | {full_uniform.format(digits=1)} |\n")
     return out.getvalue()
 
 
