@@ -12,11 +12,13 @@ from fedrapp_app.bench.personalization import (
     domain_accuracy,
     full_rounds,
     main,
+    pivot_markdown,
     pooled_share,
     share_curves,
     uniform_share,
     write_personalization,
 )
+from fedrapp_app.bench.stats import settings_of
 
 
 def block(domain: str, rounds: list[int], acc: list[float], n: list[int], share: list[float | None]) -> dict:
@@ -99,3 +101,32 @@ def test_command_line_names_a_grid_without_domains(tmp_path, capsys):
     assert main([str(tmp_path)]) == 2
     assert "testbed-domains" in capsys.readouterr().err
     assert main([str(tmp_path / "empty")]) == 2
+
+
+def pivot_row(method: str, rule: str, seed: int, micro: float, oracle: bool = False) -> dict:
+    strategy = {"oracle": "domain-oracle"}.get(rule, rule)
+    config = {"local-method": "zeroshot" if method == "zeroshot" else method, "strategy": strategy, "seed": seed}
+    labels = {"method": method, "rule": rule, "seed": str(seed)}
+    return {"key": f"{method}-{rule}-{seed}", "config": config,
+            "grids": {"S1": {"index": 0, "labels": labels, "order": [0, 0, seed], "compare": ["method", "rule"],
+                             "oracle": oracle}},
+            "summary": {"micro_accuracy": micro}, "seconds": 1.0}
+
+
+def test_pivot_puts_rules_in_rows_bolds_the_best_non_oracle_and_pairs_the_gaps_by_seed():
+    rows = [pivot_row("zeroshot", "none-fed", s, 0.40) for s in (0, 1)]
+    for method, base in (("im", 0.50), ("adaprompt", 0.45)):
+        for seed, shift in ((0, 0.0), (1, 0.10)):  # seed 1 is easier for every rule: gaps must be paired
+            rows.append(pivot_row(method, "none-fed", seed, base + shift))
+            rows.append(pivot_row(method, "oracle", seed, base + shift + 0.03, oracle=True))
+            rows.append(pivot_row(method, "fedrapp", seed, base + shift + 0.01 * (seed + 1)))
+    text = pivot_markdown(settings_of(rows))
+    lines = text.splitlines()
+    assert lines[0] == "| rule | im | adaprompt |"
+    assert lines[2] == "| zeroshot | 40.00 ± 0.00 | 40.00 ± 0.00 |"
+    assert lines[4] == "| oracle (oracle, reference) | 58.00 ± 7.07 | 53.00 ± 7.07 |"  # higher, never bold
+    assert lines[5] == "| fedrapp | **56.50 ± 7.78** | **51.50 ± 7.78** |"
+    assert "| fedrapp | +1.50 ± 0.71 | +1.50 ± 0.71 |" in text  # vs none-fed: (+1, +2) per seed
+    assert "| fedrapp | -1.50 ± 0.71 | -1.50 ± 0.71 |" in text  # vs the oracle: (-2, -1) per seed
+    with pytest.raises(ValueError, match="two axes"):
+        pivot_markdown(settings_of([fake_row("a", "fedrapp", 0)]))

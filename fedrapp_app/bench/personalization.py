@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import io
+import math
 import sys
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
@@ -23,6 +24,7 @@ from typing import Any
 import numpy as np
 
 from fedrapp_app.bench.rows import read_rows, write_text_atomic
+from fedrapp_app.bench.schema import ZEROSHOT
 from fedrapp_app.bench.stats import Setting, Stat, mean_std, settings_of
 
 #: Per-client curves that the traces figure draws, with their panel titles.
@@ -136,7 +138,8 @@ def share_figure(settings: Sequence[Setting], title: str, path: Path) -> Path:
     import matplotlib.pyplot as plt
 
     cols = min(len(settings), 4)
-    fig, axes = plt.subplots(1, cols, figsize=(3.6 * cols, 3.4), squeeze=False, sharey=True)
+    lines = -(-len(settings) // cols)
+    fig, axes = plt.subplots(lines, cols, figsize=(3.6 * cols, 3.2 * lines), squeeze=False, sharey=True)
     for ax, s in zip(axes.flat, settings, strict=False):
         colors = _color_of([d for row in s.rows for d in domains_of(row).values()])
         per_round: dict[int, list[float]] = {}
@@ -157,12 +160,14 @@ def share_figure(settings: Sequence[Setting], title: str, path: Path) -> Path:
         for domain, color in colors.items():
             ax.plot([], [], color=color, label=domain)
         ax.set_title(f"{s.method} (n={len(s.rows)} seeds)", fontsize=9)
-        ax.set_xlabel("round")
         ax.set_ylim(-0.03, 1.03)
         ax.grid(alpha=0.3)
     for ax in axes.flat[len(settings):]:
         ax.axis("off")
-    axes[0, 0].set_ylabel("peer weight on same-domain peers")
+    for ax in axes[-1]:
+        ax.set_xlabel("round")
+    for ax in axes[:, 0]:
+        ax.set_ylabel("peer weight on same-domain peers")
     axes[0, 0].legend(fontsize=7, loc="lower right")
     fig.suptitle(title, fontsize=10)
     fig.tight_layout()
@@ -215,6 +220,71 @@ def _fmt(stat: Stat) -> str:
     return stat.format() if stat.n else "–"
 
 
+def paired_gap(setting: Setting, reference: Setting, metric: str = "micro_accuracy") -> Stat:
+    """Per seed, ``setting`` minus ``reference`` (same seed), then mean ± std over the seeds both have."""
+    theirs = {row["config"].get("seed", 0): row["summary"][metric] for row in reference.rows}
+    return mean_std(row["summary"][metric] - theirs[seed] for row in setting.rows
+                    if (seed := row["config"].get("seed", 0)) in theirs)
+
+
+def pivot_markdown(settings: Sequence[Setting], metric: str = "micro_accuracy") -> str:
+    """Markdown pivot of a grid compared on two axes (e.g. [method, rule]): columns are the first axis's labels,
+    rows the second's; zero-shot is one row for every column. Per column the best non-oracle value is bold.
+    Below it, the paired gap (points, mean ± std over seeds) of every rule to none-fed and to the oracle."""
+    if not settings or len(settings[0].compare) != 2:
+        raise ValueError("pivot_markdown needs settings compared on exactly two axes, e.g. compare: [method, rule]")
+    col_axis, row_axis = settings[0].compare
+    table: dict[tuple[str, str], Setting] = {}
+    zeroshot = None
+    for s in settings:
+        if s.strategy == ZEROSHOT:
+            zeroshot = s
+        else:
+            table[(s.labels[row_axis], s.labels[col_axis])] = s
+    cols = list(dict.fromkeys(c for _, c in table))
+    rows = list(dict.fromkeys(r for r, _ in table))
+    oracle_rows = {r for (r, _), s in table.items() if s.oracle}
+
+    def value(row: str, col: str) -> Setting | None:
+        return zeroshot if row == ZEROSHOT else table.get((row, col))
+
+    order = ([ZEROSHOT] if zeroshot else []) + rows
+    best = {}
+    for col in cols:
+        means = {r: value(r, col).metric(metric).mean for r in order if r not in oracle_rows and value(r, col)}
+        best[col] = max(means.values()) if means else math.nan
+    out = io.StringIO()
+    out.write(f"| {row_axis} | " + " | ".join(cols) + " |\n|---|" + "---|" * len(cols) + "\n")
+    for r in order:
+        cells = []
+        for col in cols:
+            s = value(r, col)
+            if s is None:
+                cells.append("")
+                continue
+            stat = s.metric(metric)
+            text = stat.format()
+            cells.append(f"**{text}**" if r not in oracle_rows and stat.mean == best[col] else text)
+        label = f"{r} (oracle, reference)" if r in oracle_rows else r
+        out.write(f"| {label} | " + " | ".join(cells) + " |\n")
+    references = [("none-fed", next((r for r in rows if table.get((r, cols[0])) is not None
+                                     and table[(r, cols[0])].strategy == "none-fed"), None))]
+    references.append(("the oracle", next(iter(oracle_rows), None)))
+    for name, ref in references:
+        if ref is None:
+            continue
+        out.write(f"\n| Δ vs {name} (paired, points) | " + " | ".join(cols) + " |\n|---|" + "---|" * len(cols) + "\n")
+        for r in rows:
+            if r == ref:
+                continue
+            cells = []
+            for col in cols:
+                s, base = table.get((r, col)), table.get((ref, col))
+                cells.append(paired_gap(s, base, metric).format(signed=True) if s and base else "")
+            out.write(f"| {r} | " + " | ".join(cells) + " |\n")
+    return out.getvalue()
+
+
 def grid_tables(settings: Sequence[Setting]) -> str:
     """Markdown: per-domain online accuracy of every method, and FedRAPP's same-domain share vs uniform."""
     out = io.StringIO()
@@ -254,7 +324,10 @@ def write_personalization(bench_dir: str | Path, out_dir: str | Path | None = No
             block = [s for s in members if s.context_name == context]
             name = grid if context == "all" else f"{grid}-{context}"
             slug = "".join(ch if ch.isalnum() or ch in ".-" else "_" for ch in name)
-            text.write(f"## {name}\n\n{grid_tables(block)}\n")
+            text.write(f"## {name}\n\n")
+            if len(block[0].compare) == 2:
+                text.write("Online accuracy (micro, %), mean ± std over seeds:\n\n" + pivot_markdown(block) + "\n")
+            text.write(f"Per shift domain:\n\n{grid_tables(block)}\n")
             fedrapp = [s for s in block if s.strategy == "fedrapp"]
             if fedrapp:
                 share_figure(fedrapp, f"{name}: FedRAPP peer weight on same-domain peers", out / f"share-{slug}.png")
