@@ -2,9 +2,10 @@
 
 Reads only ``<bench-dir>/cells.jsonl`` (rows of a testbed grid whose clients know their shift domain) and writes,
 per grid: the online accuracy of each shift domain for every compared method (``domains.md``), the share of
-FedRAPP's peer weight that falls on same-domain peers per round against the share uniform weights would give
-(``share-<grid>.png`` and a summary table), and FedRAPP's reliability r, memory rate mu and peer share gamma per
-round and client, over all seeds (``traces-<grid>.png``).
+the peer weight of FedRAPP (and FedAMP, the other rule that weighs peers by similarity) that falls on
+same-domain peers per round against the share uniform weights would give (``share-<grid>.png`` and a summary
+table), and FedRAPP's reliability r, memory rate mu and peer share gamma per round and client, over all seeds
+(``traces-<grid>.png``). The figures are saved as palette PNGs (small enough to commit next to a write-up).
 
 The same-domain share of client i in a round is Σ_{j: d(j) = d(i)} w_ij / Σ_j w_ij (rows.py); with uniform
 weights over the other clients that took part in that round it would be the share of those in i's domain
@@ -26,6 +27,10 @@ import numpy as np
 from fedrapp_app.bench.rows import read_rows, write_text_atomic
 from fedrapp_app.bench.schema import ZEROSHOT
 from fedrapp_app.bench.stats import Setting, Stat, mean_std, settings_of
+
+#: Rules whose peer weights say something about who a client listens to (FedAvg's are uniform by construction,
+#: the oracle's are 1 on its domain by construction).
+PEER_RULES = ("fedrapp", "fedamp")
 
 #: Per-client curves that the traces figure draws, with their panel titles.
 TRACES = (("r", "reliability r"), ("mu", "memory rate μ (weight kept on the old memory)"),
@@ -125,13 +130,35 @@ def domain_stats(setting: Setting) -> dict[str, Stat]:
 
 
 # ----------------------------------------------------------------------------------------------- figures
+def save_small_png(fig: Any, path: Path, dpi: int = 100, colors: int = 48) -> Path:
+    """Save a matplotlib figure as an adaptive-palette PNG: the semi-transparent line bundles of these figures
+    make full-colour PNGs of megabytes; ``colors`` palette entries keep them a few hundred KB or less."""
+    from PIL import Image
+
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", dpi=dpi)
+    buffer.seek(0)
+    with Image.open(buffer) as image:
+        palette = image.convert("RGB").quantize(colors=colors, method=Image.Quantize.MEDIANCUT)
+        tmp = path.with_name(path.name + ".tmp")
+        palette.save(tmp, format="PNG", optimize=True)
+    tmp.replace(path)
+    return path
+
+
+def _tight(fig: Any, height_in: float) -> None:
+    """tight_layout that leaves ~0.45 inch at the top for the suptitle, whatever the figure's height."""
+    fig.tight_layout(rect=(0.0, 0.0, 1.0, 1.0 - 0.45 / height_in))
+
+
 def _color_of(domains: Sequence[str]) -> dict[str, str]:
     return {d: f"C{i % 10}" for i, d in enumerate(sorted(set(domains)))}
 
 
 def share_figure(settings: Sequence[Setting], title: str, path: Path) -> Path:
-    """One panel per FedRAPP setting: each client's same-domain share per round (thin, every seed, coloured by
-    domain), the mean over clients and seeds (black) and the uniform-weights share (dashed)."""
+    """One panel per peer-weighting setting (FedRAPP, FedAMP): each client's same-domain share per round (thin,
+    every seed, coloured by domain), the mean over clients and seeds (black) and the uniform-weights share
+    (dashed)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -139,7 +166,8 @@ def share_figure(settings: Sequence[Setting], title: str, path: Path) -> Path:
 
     cols = min(len(settings), 4)
     lines = -(-len(settings) // cols)
-    fig, axes = plt.subplots(lines, cols, figsize=(3.6 * cols, 3.2 * lines), squeeze=False, sharey=True)
+    height = 3.2 * lines
+    fig, axes = plt.subplots(lines, cols, figsize=(3.6 * cols, height), squeeze=False, sharey=True)
     for ax, s in zip(axes.flat, settings, strict=False):
         colors = _color_of([d for row in s.rows for d in domains_of(row).values()])
         per_round: dict[int, list[float]] = {}
@@ -159,7 +187,7 @@ def share_figure(settings: Sequence[Setting], title: str, path: Path) -> Path:
                 linewidth=1.4, label="uniform weights")
         for domain, color in colors.items():
             ax.plot([], [], color=color, label=domain)
-        ax.set_title(f"{s.method} (n={len(s.rows)} seeds)", fontsize=9)
+        ax.set_title(f"{s.method} (n={len(s.rows)} seeds)", fontsize=8)
         ax.set_ylim(-0.03, 1.03)
         ax.grid(alpha=0.3)
     for ax in axes.flat[len(settings):]:
@@ -167,11 +195,11 @@ def share_figure(settings: Sequence[Setting], title: str, path: Path) -> Path:
     for ax in axes[-1]:
         ax.set_xlabel("round")
     for ax in axes[:, 0]:
-        ax.set_ylabel("peer weight on same-domain peers")
+        ax.set_ylabel("peer weight on same-domain peers", fontsize=8)
     axes[0, 0].legend(fontsize=7, loc="lower right")
     fig.suptitle(title, fontsize=10)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    _tight(fig, height)
+    save_small_png(fig, path)
     plt.close(fig)
     return path
 
@@ -184,8 +212,8 @@ def traces_figure(settings: Sequence[Setting], title: str, path: Path) -> Path:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(len(settings), len(TRACES), figsize=(11, 2.6 * len(settings)), squeeze=False,
-                             sharex=True)
+    height = 2.4 * len(settings) + 0.4
+    fig, axes = plt.subplots(len(settings), len(TRACES), figsize=(11, height), squeeze=False, sharex=True)
     for row_axes, s in zip(axes, settings, strict=True):
         colors = _color_of([d for row in s.rows for d in domains_of(row).values()])
         for ax, (key, name) in zip(row_axes, TRACES, strict=True):
@@ -209,8 +237,8 @@ def traces_figure(settings: Sequence[Setting], title: str, path: Path) -> Path:
     for ax in axes[-1]:
         ax.set_xlabel("round")
     fig.suptitle(title, fontsize=10)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    _tight(fig, height)
+    save_small_png(fig, path, dpi=90)
     plt.close(fig)
     return path
 
@@ -294,11 +322,11 @@ def grid_tables(settings: Sequence[Setting]) -> str:
     for s, st in stats:
         label = s.method + (" (oracle)" if s.oracle else "")
         out.write(f"| {label} | " + " | ".join(_fmt(st[d]) if d in st else "" for d in domains) + " |\n")
-    fedrapp = [s for s in settings if s.strategy == "fedrapp"]
-    if fedrapp:
-        out.write("\n| FedRAPP setting | same-domain share, all rounds | uniform weights, same rounds | "
+    peered = [s for s in settings if s.strategy in PEER_RULES]
+    if peered:
+        out.write("\n| peer-weighting setting | same-domain share, all rounds | uniform weights, same rounds | "
                   "rounds with every client | uniform weights, same rounds |\n|---|---|---|---|---|\n")
-        for s in fedrapp:
+        for s in peered:
             every, every_uniform = pooled_share(s.rows)
             full, full_uniform = pooled_share(s.rows, full_only=True)
             out.write(f"| {s.method} | {every.format(digits=1)} | {every_uniform.format(digits=1)} | "
@@ -316,8 +344,8 @@ def write_personalization(bench_dir: str | Path, out_dir: str | Path | None = No
     settings = settings_of(rows)
     text = io.StringIO()
     text.write(f"# Per-domain accuracy and same-domain peer share: `{Path(bench_dir).name}`\n\n"
-               "Online accuracy (%) per shift domain, mean ± std over seeds; same-domain share (%) of FedRAPP's "
-               "peer weight, mean over clients and rounds, ± std over seeds.\n\n")
+               "Online accuracy (%) per shift domain, mean ± std over seeds; same-domain share (%) of the peer "
+               "weight of FedRAPP and FedAMP, mean over clients and rounds, ± std over seeds.\n\n")
     for grid in dict.fromkeys(s.grid for s in settings):
         members = [s for s in settings if s.grid == grid]
         for context in dict.fromkeys(s.context_name for s in members):
@@ -328,11 +356,14 @@ def write_personalization(bench_dir: str | Path, out_dir: str | Path | None = No
             if len(block[0].compare) == 2:
                 text.write("Online accuracy (micro, %), mean ± std over seeds:\n\n" + pivot_markdown(block) + "\n")
             text.write(f"Per shift domain:\n\n{grid_tables(block)}\n")
+            peered = [s for s in block if s.strategy in PEER_RULES]
+            if peered:
+                share_figure(peered, f"{name}: peer weight on same-domain peers", out / f"share-{slug}.png")
+                text.write(f"![share {name}](share-{slug}.png)\n\n")
             fedrapp = [s for s in block if s.strategy == "fedrapp"]
             if fedrapp:
-                share_figure(fedrapp, f"{name}: FedRAPP peer weight on same-domain peers", out / f"share-{slug}.png")
                 traces_figure(fedrapp, f"{name}: FedRAPP r, μ, γ per client (all seeds)", out / f"traces-{slug}.png")
-                text.write(f"![share {name}](share-{slug}.png)\n\n![traces {name}](traces-{slug}.png)\n\n")
+                text.write(f"![traces {name}](traces-{slug}.png)\n\n")
     path = out / "domains.md"
     write_text_atomic(path, text.getvalue())
     return path
