@@ -13,9 +13,9 @@ import pytest
 
 import fedrapp_app.bench.grid as grid_module
 from fedrapp_app.bench import BenchError, BenchRunner, load_bench, parse_bench, read_rows, write_rows
-from fedrapp_app.bench.report import write_report
+from fedrapp_app.bench.report import grid_markdown, write_report
 from fedrapp_app.bench.schema import identity_key
-from fedrapp_app.bench.stats import Setting, best_settings, by_key, mean_std, settings_of
+from fedrapp_app.bench.stats import Setting, best_settings, by_key, mean_std, settings_of, t975
 from fedrapp_app.testbed import world
 from fedrapp_app.testbed.tiny import make_tiny_clip
 
@@ -238,6 +238,30 @@ def test_gain_is_paired_by_seed_and_best_skips_oracles():
     assert settings[0].gain(by_key(rows)) is None
     assert best_settings(settings) == {1}  # the oracle is higher but never marked
     assert json.dumps(settings[1].labels) == json.dumps({"partition": "iid", "strategy": "fedrapp"})
+
+
+def test_gain_interval_is_the_student_t_interval_over_seeds():
+    gain = mean_std([0.01, 0.02, 0.03])  # mean 0.02, std 0.01, t(2) = 4.303
+    low, high = gain.ci95()
+    assert (low, high) == pytest.approx((0.02 - 4.303 * 0.01 / math.sqrt(3), 0.02 + 4.303 * 0.01 / math.sqrt(3)))
+    assert gain.format_ci95() == "[-0.48, +4.48]"
+    assert mean_std([0.01]).format_ci95() == "–" and all(math.isnan(v) for v in mean_std([0.01]).ci95())
+    assert t975(1) == 12.706 and t975(100) == 1.960
+    with pytest.raises(ValueError, match="at least 1 degree of freedom"):
+        t975(0)
+
+
+def test_a_setting_missing_seeds_is_flagged_and_never_best():
+    rows = []
+    for seed in (0, 1, 2):
+        rows.append(fake_row(identity_key({"strategy": "none-fed", "seed": seed}), "none-fed", seed, 0.50))
+    rows.append(fake_row("f0", "fedrapp", 0, 0.90))  # one lucky seed of a grid still running
+    settings = settings_of(rows)
+    best = best_settings(settings)
+    assert best == {0}
+    text = grid_markdown(settings, best, by_key(rows), {}, 0)
+    assert "| fedrapp | 90.00 (1 of 3 seeds) |" in text and "| none-fed | **50.00 ± 0.00** |" in text
+    assert "+40.00 (1 of 3 seeds)" in text
 
 
 # ------------------------------------------------------------------------------- command line, estimate

@@ -58,6 +58,11 @@ def _gain_text(gain: Stat | None) -> str:
     return "" if gain is None else gain.format(signed=True)
 
 
+def _partial(text: str, n: int, seeds: int) -> str:
+    """Flag a value over fewer seeds than the grid has (a grid still running): ``"40.41 (1 of 3 seeds)"``."""
+    return f"{text} ({n} of {seeds} seeds)" if 0 < n < seeds and text not in ("", "–") else text
+
+
 def grid_markdown(settings: Sequence[Setting], best: set[int], index: Mapping[str, Any],
                   figures: Mapping[str, str], offset: int) -> str:
     """One grid's section: fixed settings, the micro-accuracy pivot, the full table and its figures."""
@@ -67,7 +72,7 @@ def grid_markdown(settings: Sequence[Setting], best: set[int], index: Mapping[st
     fixed = ", ".join(f"`{k}={v}`" for k, v in _fixed_settings(settings).items() if k != "seed")
     out.write(f"## Grid `{grid}`\n\nSeeds: {', '.join(map(str, seeds))}. Fixed in every cell: {fixed or 'defaults'}."
               " Values are top-1 accuracy in %, mean ± sample std over seeds; **bold** marks the best "
-              "non-oracle method of each column (micro online accuracy).\n\n")
+              "non-oracle method of each column (micro online accuracy) among those with every seed.\n\n")
 
     contexts = list(dict.fromkeys(s.context_name for s in settings))
     methods = list(dict.fromkeys(_label(s) for s in settings))
@@ -81,7 +86,7 @@ def grid_markdown(settings: Sequence[Setting], best: set[int], index: Mapping[st
                 entries.append("")
                 continue
             i, s = cell[(context, method)]
-            entries.append(_bold(s.metric("micro_accuracy").format(), i in best))
+            entries.append(_partial(_bold(s.metric("micro_accuracy").format(), i in best), len(s.rows), len(seeds)))
         out.write(f"| {method} | " + " | ".join(entries) + " |\n")
 
     gains = [(s, s.gain(index)) for s in settings]
@@ -90,21 +95,23 @@ def grid_markdown(settings: Sequence[Setting], best: set[int], index: Mapping[st
         out.write("| method | " + " | ".join(contexts) + " |\n|---|" + "---|" * len(contexts) + "\n")
         gain_of = {(s.context_name, _label(s)): g for s, g in gains}
         for method in methods:
-            row = [_gain_text(gain_of.get((c, method))) for c in contexts]
+            row = [_partial(_gain_text(g), g.n, len(seeds)) if (g := gain_of.get((c, method))) else ""
+                   for c in contexts]
             if any(row):
                 out.write(f"| {method} | " + " | ".join(row) + " |\n")
 
     context_axes = list(settings[0].context)
     headers = [*context_axes, "method", *(name for _, name in COLUMNS), "Δ micro vs none-fed",
-               "peer weight on own domain (%)", "seeds", "s / cell"]
+               "Δ 95% CI (t over seeds)", "peer weight on own domain (%)", "seeds", "s / cell"]
     out.write("\n### All numbers\n\n| " + " | ".join(headers) + " |\n")
     out.write("|" + "---|" * len(headers) + "\n")
     for i, (s, gain) in enumerate(gains):
         values = [s.metric(key).format() for key, _ in COLUMNS]
         values[0] = _bold(values[0], offset + i in best)
         share = s.same_domain_share().format(digits=0)
-        out.write("| " + " | ".join([*s.context.values(), _label(s), *values, _gain_text(gain), share, str(len(s.rows)),
-                                     _seconds(s.seconds())]) + " |\n")
+        interval = "" if gain is None else gain.format_ci95()
+        out.write("| " + " | ".join([*s.context.values(), _label(s), *values, _gain_text(gain), interval, share,
+                                     str(len(s.rows)), _seconds(s.seconds())]) + " |\n")
     for context in contexts:
         if context in figures:
             out.write(f"\n![{grid}: {context}]({figures[context]})\n")
@@ -122,6 +129,8 @@ def settings_records(settings: Sequence[Setting], best: set[int], index: Mapping
         gain = s.gain(index)
         record["gain_vs_none_fed_mean"] = gain.mean if gain else ""
         record["gain_vs_none_fed_std"] = gain.std if gain else ""
+        low, high = gain.ci95() if gain else ("", "")
+        record["gain_vs_none_fed_ci95_low"], record["gain_vs_none_fed_ci95_high"] = low, high
         share = s.same_domain_share()
         record.update(same_domain_share_mean=share.mean, seeds=len(s.rows), seconds_mean=s.seconds().mean,
                       best=i in best, oracle=s.oracle)

@@ -3,7 +3,7 @@
 A *setting* is one grid's cell with the seed axis removed; its rows are its seeds. ``std`` is the sample
 standard deviation over seeds (ddof = 1; NaN with a single seed). The gain over none-fed is paired: for
 each seed, the cell's accuracy minus that of the none-fed cell with the same overrides (same streams,
-same local method), then mean ± std of those differences.
+same local method), then mean ± std of those differences, with a 95% Student-t interval over seeds.
 """
 
 from __future__ import annotations
@@ -21,6 +21,18 @@ from fedrapp_app.config import DEFAULTS
 #: Summary numbers of a row that the tables report (row["summary"] keys).
 METRICS = ("micro_accuracy", "macro_accuracy", "micro_accuracy_received_prompt")
 
+#: Two-sided 95% quantiles of Student's t (0.975 quantile) for 1..30 degrees of freedom (no scipy needed).
+_T975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145,
+         2.131, 2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048,
+         2.045, 2.042)
+
+
+def t975(dof: int) -> float:
+    """The 0.975 quantile of Student's t with ``dof`` degrees of freedom (normal 1.960 beyond 30)."""
+    if dof < 1:
+        raise ValueError(f"a t interval needs at least 1 degree of freedom (2 values), got {dof}")
+    return _T975[dof - 1] if dof <= len(_T975) else 1.960
+
 
 @dataclass(frozen=True)
 class Stat:
@@ -37,6 +49,20 @@ class Stat:
         sign = "+" if signed else ""
         text = f"{scale * self.mean:{sign}.{digits}f}"
         return text if self.n < 2 else f"{text} ± {scale * self.std:.{digits}f}"
+
+    def ci95(self) -> tuple[float, float]:
+        """95% Student-t interval of the mean, ``mean ± t(n-1)·std/sqrt(n)``; (nan, nan) under 2 values."""
+        if self.n < 2 or not math.isfinite(self.std):
+            return float("nan"), float("nan")
+        half = t975(self.n - 1) * self.std / math.sqrt(self.n)
+        return self.mean - half, self.mean + half
+
+    def format_ci95(self, scale: float = 100.0, digits: int = 2) -> str:
+        """``"[-0.55, -0.01]"`` (``"–"`` under 2 values)."""
+        low, high = self.ci95()
+        if not math.isfinite(low):
+            return "–"
+        return f"[{scale * low:+.{digits}f}, {scale * high:+.{digits}f}]"
 
 
 def mean_std(values: Iterable[float | None]) -> Stat:
@@ -141,14 +167,19 @@ def settings_of(rows: Sequence[Mapping[str, Any]]) -> list[Setting]:
 
 
 def best_settings(settings: Sequence[Setting], metric: str = "micro_accuracy") -> set[int]:
-    """Indices (into ``settings``) of the best non-oracle setting of each grid and context (ties: all)."""
+    """Indices (into ``settings``) of the best non-oracle setting of each grid and context (ties: all).
+
+    Only settings with every seed of their block compete: a mean over fewer seeds (a grid still running)
+    is over other streams and would win or lose by its seeds alone.
+    """
     blocks: dict[tuple, list[int]] = {}
     for i, s in enumerate(settings):
         if not s.oracle:
             blocks.setdefault((s.grid, tuple(s.context.items())), []).append(i)
     best: set[int] = set()
     for members in blocks.values():
-        means = {i: settings[i].metric(metric).mean for i in members}
+        full = max(len(settings[i].rows) for i in members)
+        means = {i: settings[i].metric(metric).mean for i in members if len(settings[i].rows) == full}
         finite = [m for m in means.values() if math.isfinite(m)]
         if finite:
             top = max(finite)
