@@ -130,7 +130,7 @@ def domain_stats(setting: Setting) -> dict[str, Stat]:
 
 
 # ----------------------------------------------------------------------------------------------- figures
-def save_small_png(fig: Any, path: Path, dpi: int = 100, colors: int = 48) -> Path:
+def save_small_png(fig: Any, path: Path, dpi: int = 100, colors: int = 64) -> Path:
     """Save a matplotlib figure as an adaptive-palette PNG: the semi-transparent line bundles of these figures
     make full-colour PNGs of megabytes; ``colors`` palette entries keep them a few hundred KB or less."""
     from PIL import Image
@@ -139,7 +139,7 @@ def save_small_png(fig: Any, path: Path, dpi: int = 100, colors: int = 48) -> Pa
     fig.savefig(buffer, format="png", dpi=dpi)
     buffer.seek(0)
     with Image.open(buffer) as image:
-        palette = image.convert("RGB").quantize(colors=colors, method=Image.Quantize.MEDIANCUT)
+        palette = image.convert("RGB").quantize(colors=colors, method=Image.Quantize.FASTOCTREE)
         tmp = path.with_name(path.name + ".tmp")
         palette.save(tmp, format="PNG", optimize=True)
     tmp.replace(path)
@@ -147,8 +147,8 @@ def save_small_png(fig: Any, path: Path, dpi: int = 100, colors: int = 48) -> Pa
 
 
 def _tight(fig: Any, height_in: float) -> None:
-    """tight_layout that leaves ~0.45 inch at the top for the suptitle, whatever the figure's height."""
-    fig.tight_layout(rect=(0.0, 0.0, 1.0, 1.0 - 0.45 / height_in))
+    """tight_layout that leaves ~0.35 inch at the top for the suptitle, whatever the figure's height."""
+    fig.tight_layout(rect=(0.0, 0.0, 1.0, 1.0 - 0.35 / height_in))
 
 
 def _color_of(domains: Sequence[str]) -> dict[str, str]:
@@ -158,7 +158,8 @@ def _color_of(domains: Sequence[str]) -> dict[str, str]:
 def share_figure(settings: Sequence[Setting], title: str, path: Path) -> Path:
     """One panel per peer-weighting setting (FedRAPP, FedAMP): each client's same-domain share per round (thin,
     every seed, coloured by domain), the mean over clients and seeds (black) and the uniform-weights share
-    (dashed)."""
+    (dashed). Shaded: rounds in which some client of some seed no longer took part (its label-skewed stream
+    had ended), where both curves average fewer, and late on very few, clients."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -172,8 +173,10 @@ def share_figure(settings: Sequence[Setting], title: str, path: Path) -> Path:
         colors = _color_of([d for row in s.rows for d in domains_of(row).values()])
         per_round: dict[int, list[float]] = {}
         per_round_uniform: dict[int, list[float]] = {}
+        partial: set[int] = set()  # rounds some client of some seed sat out (its stream had ended)
         for row in s.rows:
             rounds, shares, uniform = share_curves(row)
+            partial.update(int(t) for t in rounds[~full_rounds(row)])
             domains = domains_of(row)
             for i, client in enumerate(sorted(domains)):
                 ax.plot(rounds, shares[i], color=colors[domains[client]], alpha=0.25, linewidth=0.8)
@@ -185,6 +188,10 @@ def share_figure(settings: Sequence[Setting], title: str, path: Path) -> Path:
         ax.plot(order, [np.mean(per_round[t]) for t in order], color="black", linewidth=2, label="mean")
         ax.plot(order, [np.mean(per_round_uniform[t]) for t in order], color="grey", linestyle="--",
                 linewidth=1.4, label="uniform weights")
+        for t in sorted(partial):
+            ax.axvspan(t - 0.5, t + 0.5, color="grey", alpha=0.12, linewidth=0)
+        if partial:
+            ax.fill_between([], [], color="grey", alpha=0.12, label="round with fewer clients")
         for domain, color in colors.items():
             ax.plot([], [], color=color, label=domain)
         ax.set_title(f"{s.method} (n={len(s.rows)} seeds)", fontsize=8)
