@@ -9,13 +9,14 @@ import math
 import shutil
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 import fedrapp_app.bench.grid as grid_module
 from fedrapp_app.bench import BenchError, BenchRunner, load_bench, parse_bench, read_rows, write_rows
 from fedrapp_app.bench.report import grid_markdown, write_report
 from fedrapp_app.bench.schema import identity_key
-from fedrapp_app.bench.stats import Setting, best_settings, by_key, mean_std, settings_of, t975
+from fedrapp_app.bench.stats import Setting, best_settings, by_key, fedrapp_signals, mean_std, settings_of, t975
 from fedrapp_app.testbed import world
 from fedrapp_app.testbed.tiny import make_tiny_clip
 
@@ -192,6 +193,7 @@ def test_report_is_regenerated_from_the_rows_alone(tiny_model, tmp_path, monkeyp
         assert f"{100 * row['summary']['micro_accuracy']:.2f}" in text
     gain = 100 * (rows[1]["summary"]["micro_accuracy"] - rows[0]["summary"]["micro_accuracy"])
     assert f"{gain:+.2f}" in text
+    assert "### FedRAPP's signals" in text and "| all | fedrapp |" in text
     out = report.parent
     assert (out / "curves-main-all.png").stat().st_size > 0
     assert (out / "fedrapp-main-all-fedrapp.png").stat().st_size > 0
@@ -262,6 +264,28 @@ def test_a_setting_missing_seeds_is_flagged_and_never_best():
     text = grid_markdown(settings, best, by_key(rows), {}, 0)
     assert "| fedrapp | 90.00 (1 of 3 seeds) |" in text and "| none-fed | **50.00 ± 0.00** |" in text
     assert "+40.00 (1 of 3 seeds)" in text
+
+
+def trace(rounds, norms, rs, gains, drops):
+    """One client's FedRAPP trace (acc_before 0.5, H_post 1)."""
+    return {"round": rounds, "update_norm": norms, "r": rs, "mu": [0.5 - 0.15 * r for r in rs],
+            "gamma": [0.3] * len(rounds), "h_pre": [1 + d for d in drops], "h_post": [1.0] * len(rounds),
+            "acc": [0.5 + g for g in gains], "acc_before": [0.5] * len(rounds)}
+
+
+def test_fedrapp_signals_score_r_against_the_in_round_gain_within_rounds():
+    # round 1: nobody updated (left out); rounds 2-3: r ranks the clients exactly as their gains do, but
+    # round 3's gains are all 0.1 higher: only the within-round order may count
+    clients = {"0": trace([1, 2, 3], [0.0, 0.2, 0.2], [0.0, 1.0, 1.0], [0.0, 0.02, 0.12], [0.0, 0.1, 0.0]),
+               "1": trace([1, 2, 3], [0.0, 0.1, 0.3], [0.0, -1.0, -1.0], [0.0, -0.02, 0.08], [0.0, 0.0, 0.1]),
+               "2": trace([1, 2, 3], [0.0, 0.3, 0.1], [0.0, 0.0, 0.0], [0.0, 0.0, 0.1], [0.0, 0.05, 0.05])}
+    sig = fedrapp_signals([{"clients": clients}])
+    assert sig.pairs == 6 and sig.update_share == pytest.approx(6 / 9)
+    assert sig.r_vs_gain == pytest.approx(1.0)
+    assert sig.drop_vs_gain == pytest.approx(0.0, abs=1e-12)  # the drops are uncorrelated with the gains
+    assert sig.norm_cv == pytest.approx(float(np.std([0.2, 0.1, 0.3]) / 0.2))
+    assert sig.in_round_gain == pytest.approx(0.05) and sig.gamma == pytest.approx(0.3)
+    assert fedrapp_signals([{"clients": {"0": trace([1], [0.0], [0.0], [0.0], [0.0])}}]) is None
 
 
 # ------------------------------------------------------------------------------- command line, estimate

@@ -12,6 +12,7 @@ import argparse
 import csv
 import io
 import json
+import math
 import re
 import sys
 from collections.abc import Mapping, Sequence
@@ -20,7 +21,7 @@ from typing import Any
 
 from fedrapp_app.bench.plots import curves_figure, fedrapp_figure
 from fedrapp_app.bench.rows import read_rows, write_text_atomic
-from fedrapp_app.bench.stats import Setting, Stat, best_settings, by_key, settings_of
+from fedrapp_app.bench.stats import Setting, Stat, best_settings, by_key, fedrapp_signals, settings_of
 
 COLUMNS = (
     ("micro_accuracy", "online acc. (micro)"),
@@ -112,10 +113,35 @@ def grid_markdown(settings: Sequence[Setting], best: set[int], index: Mapping[st
         interval = "" if gain is None else gain.format_ci95()
         out.write("| " + " | ".join([*s.context.values(), _label(s), *values, _gain_text(gain), interval, share,
                                      str(len(s.rows)), _seconds(s.seconds())]) + " |\n")
+    out.write(_signals_markdown(settings))
     for context in contexts:
         if context in figures:
             out.write(f"\n![{grid}: {context}]({figures[context]})\n")
     return out.getvalue()
+
+
+def _signals_markdown(settings: Sequence[Setting]) -> str:
+    """FedRAPP's server signals per FedRAPP setting (empty when the grid has none)."""
+    lines = []
+    for s in settings:
+        sig = fedrapp_signals(s.rows) if s.strategy == "fedrapp" else None
+        if sig is None:
+            continue
+        corr = [f"{v:+.2f}" if math.isfinite(v) else "–" for v in (sig.r_vs_gain, sig.drop_vs_gain)]
+        lines.append("| " + " | ".join([s.context_name, _label(s), str(sig.pairs), f"{100 * sig.update_share:.0f}",
+                                        f"{sig.update_norm:.3f}", f"{100 * sig.norm_cv:.1f}",
+                                        f"{100 * sig.in_round_gain:+.2f}", *corr, f"{sig.mu_std:.3f}",
+                                        f"{sig.gamma:.2f}"]) + " |\n")
+    if not lines:
+        return ""
+    headers = ["context", "method", "updates", "rounds with an update (%)", "mean ‖Δ‖",
+               "‖Δ‖ spread in a round (CV, %)", "in-round gain (points)", "corr(r, gain)", "corr(H drop, gain)",
+               "std μ", "mean γ"]
+    return ("\n### FedRAPP's signals, pooled over seeds\n\nPer (client, round) with an update: the in-round gain is "
+            "the accuracy after minus before the client's local step on that batch; the correlations (centred "
+            "within each round, as r's z-scores are) say whether r and the entropy drop pick the updates that "
+            "helped (0: no information).\n\n| " + " | ".join(headers) + " |\n|" + "---|" * len(headers) + "\n"
+            + "".join(lines))
 
 
 def settings_records(settings: Sequence[Setting], best: set[int], index: Mapping[str, Any]) -> list[dict[str, Any]]:

@@ -205,3 +205,74 @@ def round_curve(rows: Sequence[Mapping[str, Any]], numerator: str = "correct") -
                 per_round.setdefault(int(t), []).append(c / n)
     order = sorted(per_round)
     return np.array(order, dtype=int), np.array([np.mean(per_round[t]) for t in order])
+
+
+@dataclass(frozen=True)
+class Signals:
+    """What FedRAPP's server saw in one setting, pooled over its seeds' (client, round) pairs with an update.
+
+    ``norm_cv`` is the median over rounds of std/mean of ‖Δ‖ across that round's updating clients (how much
+    the drift statistic Q can tell clients apart). ``r_vs_gain`` and ``drop_vs_gain`` are Pearson
+    correlations of the reliability r and of the entropy drop H_pre − H_post with the client's in-round
+    accuracy gain (accuracy after minus before its local step on that batch), each centred within its round
+    as r's z-scores are: do the signals pick the updates that helped? Labels enter only this scoring.
+    """
+
+    pairs: int
+    update_share: float  # share of all (client, round) pairs with an update (‖Δ‖ > 1e-8)
+    update_norm: float  # mean ‖Δ‖
+    norm_cv: float
+    in_round_gain: float  # mean accuracy after minus before the local step (fraction)
+    r_vs_gain: float
+    drop_vs_gain: float
+    mu_std: float  # std of μ over the pairs (μ's mean is μ0 by construction: r's z-scores are centred)
+    gamma: float  # mean γ over the pairs
+
+
+def _centred_by_round(records: Sequence[tuple[tuple, float, float, float]]) -> np.ndarray:
+    """[M, 3] (r, drop, gain), each minus its round's mean (records: (round id, r, drop, gain))."""
+    groups: dict[tuple, list[int]] = {}
+    for i, (ident, *_rest) in enumerate(records):
+        groups.setdefault(ident, []).append(i)
+    values = np.array([rest for _, *rest in records], dtype=float).reshape(-1, 3)
+    for members in groups.values():
+        values[members] -= values[members].mean(axis=0)
+    return values
+
+
+def _pearson(x: np.ndarray, y: np.ndarray) -> float:
+    if len(x) < 3 or x.std() == 0 or y.std() == 0:
+        return float("nan")
+    return float(np.corrcoef(x, y)[0, 1])
+
+
+def fedrapp_signals(rows: Sequence[Mapping[str, Any]]) -> Signals | None:
+    """FedRAPP's per-client traces (``row["clients"]``) summarised; None when no row carries an update."""
+    records: list[tuple[tuple, float, float, float]] = []
+    norms: dict[tuple, list[float]] = {}
+    mus, gammas, total = [], [], 0
+    for seed_index, row in enumerate(rows):
+        for block in row.get("clients", {}).values():
+            traces = zip(block["round"], block["update_norm"], block["r"], block["mu"], block["gamma"],
+                         block["h_pre"], block["h_post"], block["acc"], block["acc_before"], strict=True)
+            for t, norm, r, mu, gamma, h_pre, h_post, acc, acc_before in traces:
+                total += 1
+                if norm is None or r is None or norm <= 1e-8:
+                    continue
+                ident = (seed_index, t)
+                records.append((ident, r, h_pre - h_post, acc - acc_before))
+                norms.setdefault(ident, []).append(norm)
+                mus.append(mu)
+                gammas.append(gamma)
+    if not records:
+        return None
+    centred = _centred_by_round(records)
+    gains = np.array([g for *_, g in records])
+    cvs = [float(np.std(v) / np.mean(v)) for v in norms.values() if len(v) > 1]
+    return Signals(
+        pairs=len(records), update_share=len(records) / total,
+        update_norm=float(np.mean([n for v in norms.values() for n in v])),
+        norm_cv=float(np.median(cvs)) if cvs else float("nan"), in_round_gain=float(gains.mean()),
+        r_vs_gain=_pearson(centred[:, 0], centred[:, 2]), drop_vs_gain=_pearson(centred[:, 1], centred[:, 2]),
+        mu_std=float(np.std([m for m in mus if m is not None])),
+        gamma=float(np.mean([g for g in gammas if g is not None])))
