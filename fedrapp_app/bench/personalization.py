@@ -245,7 +245,7 @@ def traces_figure(settings: Sequence[Setting], title: str, path: Path) -> Path:
         ax.set_xlabel("round")
     fig.suptitle(title, fontsize=10)
     _tight(fig, height)
-    save_small_png(fig, path, dpi=90)
+    save_small_png(fig, path, dpi=90 if len(settings) <= 8 else 66)  # a tall figure stays a few hundred KB
     plt.close(fig)
     return path
 
