@@ -14,6 +14,7 @@ none-fed, the global prompt for fedavg, the message u_i for fedamp.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -117,6 +118,18 @@ def _mix_replying(x: RoundInputs, xi_replied: NDArray[np.float64]) -> RoundOutpu
     )
 
 
+def _peer_mixing_round(
+    x: RoundInputs, mixing: Callable[[NDArray[np.float64]], NDArray[np.float64]]
+) -> RoundOutput:
+    """Send each replying client Σ_j ξ_ij·P̃_j, ξ = mixing(uploads [k, D]) [k, k]; a client alone keeps its own."""
+    uploads = x.tuned[x.replied]
+    if uploads.shape[0] == 0:
+        return unchanged_round(x)
+    if uploads.shape[0] == 1:
+        return _mix_replying(x, np.ones((1, 1)))
+    return _mix_replying(x, mixing(uploads))
+
+
 def none_fed_round(
     tuned: ArrayLike,
     sent: ArrayLike,
@@ -201,12 +214,12 @@ def fedamp_round(
     """
     p = _check_params("fedamp_round", params, FedAMPParams)
     x = validate_round(tuned, sent, memory, h_pre, h_post, replied, num_examples)
-    uploads = x.tuned[x.replied]
+    return _peer_mixing_round(x, lambda uploads: _fedamp_mixing(uploads, p))
+
+
+def _fedamp_mixing(uploads: NDArray[np.float64], p: FedAMPParams) -> NDArray[np.float64]:
+    """FedAMP's ξ [k, k] for k >= 2 uploads [k, D] (rows sum to 1)."""
     k = uploads.shape[0]
-    if k == 0:
-        return unchanged_round(x)
-    if k == 1:
-        return _mix_replying(x, np.ones((1, 1)))
     # Squared distances through a Gram matrix of centred uploads: centring first keeps the
     # ‖a‖² + ‖b‖² − 2a·b cancellation small for prompts that are close to each other.
     centred = uploads - uploads.mean(axis=0)
@@ -217,8 +230,7 @@ def fedamp_round(
     mass = peers.sum(axis=1)
     budget = 1.0 - p.min_self_weight
     peers *= np.where(mass > budget, budget / np.maximum(mass, np.finfo(float).tiny), 1.0)[:, None]
-    xi = peers + np.diag(1.0 - peers.sum(axis=1))
-    return _mix_replying(x, xi)
+    return peers + np.diag(1.0 - peers.sum(axis=1))
 
 
 def fedamp_cos_round(
@@ -237,12 +249,11 @@ def fedamp_cos_round(
     """
     p = _check_params("fedamp_cos_round", params, FedAMPCosParams)
     x = validate_round(tuned, sent, memory, h_pre, h_post, replied, num_examples)
-    uploads = x.tuned[x.replied]
-    k = uploads.shape[0]
-    if k == 0:
-        return unchanged_round(x)
-    if k == 1:
-        return _mix_replying(x, np.ones((1, 1)))
+    return _peer_mixing_round(x, lambda uploads: _fedamp_cos_mixing(uploads, p))
+
+
+def _fedamp_cos_mixing(uploads: NDArray[np.float64], p: FedAMPCosParams) -> NDArray[np.float64]:
+    """HeurFedAMP's ξ [k, k] for k >= 2 uploads [k, D] (rows sum to 1)."""
     norms = np.linalg.norm(uploads, axis=1)
     unit = np.divide(uploads, norms[:, None], out=np.zeros_like(uploads), where=norms[:, None] > 0)
     logits = p.sigma * np.clip(unit @ unit.T, -1.0, 1.0)
@@ -250,4 +261,4 @@ def fedamp_cos_round(
     attention = np.exp(logits - logits.max(axis=1, keepdims=True))  # softmax over j ≠ i, overflow-free
     xi = (1.0 - p.self_weight) * attention / attention.sum(axis=1, keepdims=True)
     np.fill_diagonal(xi, p.self_weight)
-    return _mix_replying(x, xi)
+    return xi
