@@ -127,6 +127,7 @@ def test_pivot_puts_rules_in_rows_bolds_the_best_non_oracle_and_pairs_the_gaps_b
             rows.append(pivot_row(method, "none-fed", seed, base + shift))
             rows.append(pivot_row(method, "oracle", seed, base + shift + 0.03, oracle=True))
             rows.append(pivot_row(method, "fedrapp", seed, base + shift + 0.01 * (seed + 1)))
+            rows.append(pivot_row(method, "fedavg", seed, base + shift - 0.02))
     text = pivot_markdown(settings_of(rows))
     lines = text.splitlines()
     assert lines[0] == "| rule | im | adaprompt |"
@@ -135,5 +136,8 @@ def test_pivot_puts_rules_in_rows_bolds_the_best_non_oracle_and_pairs_the_gaps_b
     assert lines[5] == "| fedrapp | **56.50 ± 7.78** | **51.50 ± 7.78** |"
     assert "| fedrapp | +1.50 ± 0.71 | +1.50 ± 0.71 |" in text  # vs none-fed: (+1, +2) per seed
     assert "| fedrapp | -1.50 ± 0.71 | -1.50 ± 0.71 |" in text  # vs the oracle: (-2, -1) per seed
+    vs_fedavg = text.split("| Δ vs FedAvg (paired, points) | im | adaprompt |")[1].split("\n\n")[0]
+    assert "| fedrapp | +3.50 ± 0.71 | +3.50 ± 0.71 |" in vs_fedavg  # (+3, +4) per seed
+    assert "| none-fed | +2.00 ± 0.00 | +2.00 ± 0.00 |" in vs_fedavg
     with pytest.raises(ValueError, match="two axes"):
         pivot_markdown(settings_of([fake_row("a", "fedrapp", 0)]))

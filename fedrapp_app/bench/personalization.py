@@ -265,7 +265,8 @@ def paired_gap(setting: Setting, reference: Setting, metric: str = "micro_accura
 def pivot_markdown(settings: Sequence[Setting], metric: str = "micro_accuracy") -> str:
     """Markdown pivot of a grid compared on two axes (e.g. [method, rule]): columns are the first axis's labels,
     rows the second's; zero-shot is one row for every column. Per column the best non-oracle value is bold.
-    Below it, the paired gap (points, mean ± std over seeds) of every rule to none-fed and to the oracle."""
+    Below it, the paired gap (points, mean ± std over seeds) of every rule to none-fed, to FedAvg and to the
+    oracle (the three references of the personalization goal)."""
     if not settings or len(settings[0].compare) != 2:
         raise ValueError("pivot_markdown needs settings compared on exactly two axes, e.g. compare: [method, rule]")
     col_axis, row_axis = settings[0].compare
@@ -302,9 +303,12 @@ def pivot_markdown(settings: Sequence[Setting], metric: str = "micro_accuracy") 
             cells.append(f"**{text}**" if r not in oracle_rows and stat.mean == best[col] else text)
         label = f"{r} (oracle, reference)" if r in oracle_rows else r
         out.write(f"| {label} | " + " | ".join(cells) + " |\n")
-    references = [("none-fed", next((r for r in rows if table.get((r, cols[0])) is not None
-                                     and table[(r, cols[0])].strategy == "none-fed"), None))]
-    references.append(("the oracle", next(iter(oracle_rows), None)))
+    def first_row_of(strategy: str) -> str | None:
+        return next((r for r in rows if any((s := table.get((r, c))) is not None and s.strategy == strategy
+                                            for c in cols)), None)
+
+    references = [("none-fed", first_row_of("none-fed")), ("FedAvg", first_row_of("fedavg")),
+                  ("the oracle", next(iter(oracle_rows), None))]
     for name, ref in references:
         if ref is None:
             continue
