@@ -18,6 +18,7 @@ includes its update.
     python benchmarks/client_step.py                       # realistic size (~20 min on 2 idle cores)
     python benchmarks/client_step.py --quick               # 20 classes, 16 images, 3 views (~3 min)
     python benchmarks/client_step.py --methods adaprompt --precision bf16   # ours with bf16 autocast
+    python benchmarks/client_step.py --precision bf16 --naive-from fp32.json   # reuse an earlier naive run
 
 Each time is the median of ``--repeats`` runs; the load average before each method goes next to it.
 The last line is the overall speed-up on the batch (naive seconds / our seconds, all methods together).
@@ -114,6 +115,24 @@ NAIVE: dict[str, Callable] = {"zeroshot": naive_zeroshot, "tpt": naive_tpt, "tpt
                               "adaprompt": naive_adaprompt}
 
 
+# the settings a naive timing depends on (the naive path is always fp32 with the full text pass)
+NAIVE_SIZES = ("images", "classes", "tpt_images", "tpt_views", "threads")
+
+
+def reused_naive(path: Path, args: argparse.Namespace) -> dict[str, dict]:
+    """Rows by method of an earlier ``--json`` run, refused unless it ran the naive step at the same sizes."""
+    earlier = json.loads(path.read_text())
+    if "args" not in earlier or "rows" not in earlier:
+        raise ValueError(f"{path} is not a client_step.py --json file (it needs 'args' and 'rows')")
+    differ = {k: (earlier["args"].get(k), str(getattr(args, k))) for k in NAIVE_SIZES
+              if earlier["args"].get(k) != str(getattr(args, k))}
+    if differ:
+        listed = ", ".join(f"{k}: {was} there, {now} here" for k, (was, now) in differ.items())
+        raise ValueError(f"--naive-from {path} timed the naive step at other sizes ({listed}); "
+                         "rerun without --naive-from or with the same sizes")
+    return {row["method"]: row for row in earlier["rows"]}
+
+
 def build_method(name: str, args: argparse.Namespace) -> LocalMethod:
     if name.startswith("tpt"):
         return make_method(name, n_views=args.tpt_views)
@@ -140,12 +159,22 @@ def time_method(name: str, ours: PromptedCLIP, naive: PromptedCLIP, pixels: Tens
     # warm-up on 2 images: kernels, and the per-process caches a client has from round 2 on (the labeller)
     our_step(pixels[:2])
     ours_t = measure(our_step, args.repeats)
-    naive_t = measure(naive_step, args.naive_repeats)
-    agree = float((outputs["naive"] == outputs["ours"]).float().mean())
+    if name in args.reused_naive:  # the naive step's numbers of an earlier run with the same sizes
+        previous = args.reused_naive[name]
+        naive_t = {"wall": previous["naive_s"], "cpu": previous["naive_cpu_s"], "walls": previous["naive_runs"]}
+        agree = None  # not compared: the naive predictions were not computed in this run
+    else:
+        naive_t = measure(naive_step, args.naive_repeats)
+        agree = float((outputs["naive"] == outputs["ours"]).float().mean())
     return {"method": name, "images": len(pixels), "ours_s": ours_t["wall"], "naive_s": naive_t["wall"],
             "ours_cpu_s": ours_t["cpu"], "naive_cpu_s": naive_t["cpu"], "ours_runs": ours_t["walls"],
             "naive_runs": naive_t["walls"], "same_predictions": agree, "load_before": load,
             "load_after": load_average()}
+
+
+def agreement(share: float | None) -> str:
+    """The share of equal predictions as a percentage; "n/a" where the naive step was reused, not run."""
+    return "n/a (naive reused)" if share is None else f"{share:.0%}"
 
 
 def main() -> None:
@@ -164,11 +193,17 @@ def main() -> None:
     parser.add_argument("--max-load", type=float, default=1.5, help="wait for a 1-minute load below this")
     parser.add_argument("--patience", type=float, default=0.0, help="seconds to wait for that load")
     parser.add_argument("--json", type=Path, default=None, help="also write the rows here")
+    parser.add_argument("--naive-from", type=Path, default=None,
+                        help="reuse the naive timings of an earlier --json run with the same sizes (naive is fp32)")
     args = parser.parse_args()
     if args.quick:
         args.images, args.classes, args.tpt_views, args.tpt_images = 16, 20, 3, 2
     if args.naive_repeats < 1 or args.repeats < 1:
         parser.error("--repeats and --naive-repeats must be >= 1")
+    try:
+        args.reused_naive = reused_naive(args.naive_from, args) if args.naive_from else {}
+    except (OSError, ValueError) as error:
+        parser.error(str(error))
     torch.set_num_threads(args.threads)
     classnames = CALTECH101[: args.classes]
     clip = vit_b16(classnames, precision=args.precision)
@@ -197,11 +232,12 @@ def main() -> None:
               f"{row['ours_cpu_s_batch']:7.1f} s CPU ({args.images / row['ours_s_batch']:5.2f} img/s)   "
               f"naive {row['naive_s_batch']:7.1f} s wall {row['naive_cpu_s_batch']:7.1f} s CPU   "
               f"speed-up {row['speedup']:5.2f}x wall {row['speedup_cpu']:5.2f}x CPU   "
-              f"same predictions {row['same_predictions']:.0%}   load {row['load_before']:.2f} -> "
+              f"same predictions {agreement(row['same_predictions'])}   load {row['load_before']:.2f} -> "
               f"{row['load_after']:.2f}", flush=True)
     print(f"all methods: ours {total_ours:.1f} s, naive {total_naive:.1f} s, speed-up {total_naive / total_ours:.2f}x")
     if args.json:
-        args.json.write_text(json.dumps({"args": {k: str(v) for k, v in vars(args).items()}, "rows": rows}, indent=2))
+        settings = {k: str(v) for k, v in vars(args).items() if k != "reused_naive"}
+        args.json.write_text(json.dumps({"args": settings, "rows": rows}, indent=2))
 
 
 if __name__ == "__main__":

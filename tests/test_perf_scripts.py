@@ -67,3 +67,22 @@ def test_median_seconds_and_load_average():
     median, times = vitb16.median_seconds(lambda: calls.append(1), repeats=3, warmup=2)
     assert len(calls) == 5 and len(times) == 3 and median >= 0
     assert vitb16.wait_for_quiet(threshold=float("inf")) == vitb16.load_average()
+
+
+def test_naive_timings_are_reused_only_at_the_same_sizes(tmp_path):
+    import argparse
+
+    import client_step
+
+    sizes = {"images": 64, "classes": 100, "tpt_images": 2, "tpt_views": 63, "threads": 1}
+    earlier = tmp_path / "fp32.json"
+    earlier.write_text(json.dumps({"args": {k: str(v) for k, v in sizes.items()} | {"precision": "fp32"},
+                                   "rows": [{"method": "adaprompt", "naive_s": 9.0}]}))
+    same = argparse.Namespace(**sizes, precision="bf16")  # our precision may differ: the naive path is fp32
+    assert client_step.reused_naive(earlier, same)["adaprompt"]["naive_s"] == 9.0
+    with pytest.raises(ValueError, match="classes: 100 there, 20 here"):
+        client_step.reused_naive(earlier, argparse.Namespace(**(sizes | {"classes": 20})))
+    (tmp_path / "other.json").write_text(json.dumps({"rows": []}))
+    with pytest.raises(ValueError, match="not a client_step.py --json file"):
+        client_step.reused_naive(tmp_path / "other.json", same)
+    assert client_step.agreement(None).startswith("n/a") and client_step.agreement(1.0) == "100%"
