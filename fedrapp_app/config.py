@@ -144,6 +144,8 @@ KEYS: tuple[Key, ...] = (
     Key("tau", 0.2, "FedRAPP temperature of the peer weights", minimum=0.0, exclusive_minimum=True),
     Key("gamma0", 0.3, "FedRAPP base share of the peers in the personalized prompt", minimum=0.0, maximum=1.0),
     Key("gamma-max", 0.8, "FedRAPP cap of the peers' share", minimum=0.0, maximum=1.0),
+    Key("update-clip", 0.0, "FedRAPP (ours): memories and peer mixing use each update clipped to this multiple "
+        "of the round's median update norm; the reliability still sees the raw update (0 = off)", minimum=0.0),
     Key("fedamp-sigma", 1.0, "FedAMP kernel scale sigma of exp(-||Pi - Pj||^2 / sigma)", minimum=0.0,
         exclusive_minimum=True),
     Key("fedamp-self-min", 0.1, "FedAMP smallest self weight xi_ii", minimum=0.0, maximum=1.0),
@@ -239,7 +241,8 @@ METHOD_KEYS["tpt-online"] = METHOD_KEYS["tpt"]
 #: Run-config keys of each server rule's hyperparameters -> the rule's parameter names.
 RULE_KEYS: dict[str, dict[str, str]] = {
     "fedrapp": {"lambda-drop": "lambda_drop", "lambda-ent": "lambda_ent", "lambda-drift": "lambda_drift",
-                "mu0": "mu0", "eta": "eta", "tau": "tau", "gamma0": "gamma0", "gamma-max": "gamma_max"},
+                "mu0": "mu0", "eta": "eta", "tau": "tau", "gamma0": "gamma0", "gamma-max": "gamma_max",
+                "update-clip": "update_clip"},
     "none-fed": {},
     "fedavg": {},
     "fedamp": {"fedamp-sigma": "sigma", "fedamp-self-min": "min_self_weight"},

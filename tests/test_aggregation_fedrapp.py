@@ -59,10 +59,17 @@ def reference_fedrapp(kw: dict[str, np.ndarray], p: FedRAPPParams) -> tuple[np.n
     for i in informative:
         raw = p.lambda_drop * z_drop[i] - p.lambda_ent * z_post[i] - p.lambda_drift * z_q[i]
         r[i] = min(p.r_clip, max(-p.r_clip, raw))
+    cap = p.update_clip * statistics.median(norm[i] for i in informative) if informative else math.inf
+
+    def used(i: int) -> np.ndarray:  # the upload the memory takes: Δ clipped when update_clip > 0 (ours)
+        if p.update_clip <= 0 or norm[i] <= cap:
+            return tuned[i]
+        return sent[i] + delta[i] * (cap / norm[i])
+
     new_memory = memory.copy()
     for i in replying:
         mu = min(1.0, max(0.0, p.mu0 - p.eta * r[i]))
-        new_memory[i] = mu * memory[i] + (1 - mu) * tuned[i]
+        new_memory[i] = mu * memory[i] + (1 - mu) * used(i)
     new_memory = new_memory.astype(np.float32).astype(np.float64)
     rho = [1 / (1 + math.exp(-v)) for v in r]
 
@@ -123,10 +130,12 @@ def rounds(draw: st.DrawFn) -> dict[str, np.ndarray]:
 
 
 # ------------------------------------------------------------------------------------ SPEC, line by line
+@pytest.mark.parametrize("update_clip", [0.0, 1.2])
 @pytest.mark.parametrize("seed", range(12))
-def test_matches_the_reference_transcription_of_spec(seed: int) -> None:
+def test_matches_the_reference_transcription_of_spec(seed: int, update_clip: float) -> None:
     rng = np.random.default_rng(seed)
-    p = FedRAPPParams(tau=float(rng.uniform(0.1, 1.0)), gamma0=0.5, gamma_max=0.7, lambda_drop=1.3)
+    p = FedRAPPParams(tau=float(rng.uniform(0.1, 1.0)), gamma0=0.5, gamma_max=0.7, lambda_drop=1.3,
+                      update_clip=update_clip)
     kw = next_round(rng, *(synthetic_round(rng, 9, 11)[k] for k in ("memory", "sent")))
     out = fedrapp_round(**kw, params=p)
     memory, personalized, weights = reference_fedrapp(kw, p)
@@ -332,6 +341,34 @@ def test_scores_are_clipped() -> None:
     kw["h_pre"][7] = 50.0  # one outlier: z = sqrt(29) ≈ 5.4 before clipping
     r = fedrapp_round(**kw, params=FedRAPPParams(lambda_drift=0.0)).diagnostics.r
     assert r[7] == 3.0 and r.max() == 3.0
+
+
+def test_update_clip_bounds_an_outsized_upload_but_not_its_reliability_penalty() -> None:
+    """One client uploads its update ×100: with update_clip the honest clients' prompts stay near the
+    attack-free ones, the attacker's r is the same as without clipping (scored on the raw drift)."""
+    clean = synthetic_round(np.random.default_rng(11), 10, 16, reply_prob=1.0)
+    attacked = {k: v.copy() for k, v in clean.items()}
+    attacked["tuned"][0] = clean["sent"][0] + 100.0 * (clean["tuned"][0] - clean["sent"][0])
+    honest = np.arange(1, 10)
+
+    def pull(p: FedRAPPParams) -> float:
+        gap = fedrapp_round(**attacked, params=p).personalized - fedrapp_round(**clean, params=p).personalized
+        return float(np.linalg.norm(gap[honest], axis=1).max())
+
+    step = float(np.linalg.norm(clean["tuned"] - clean["sent"], axis=1).max())
+    unclipped, clipped = pull(FedRAPPParams()), pull(FedRAPPParams(update_clip=2.0))
+    assert unclipped > step  # the ×100 update moves an honest prompt more than any honest update did
+    assert clipped < unclipped / 10 and clipped < step / 10
+    r = [fedrapp_round(**attacked, params=FedRAPPParams(update_clip=c)).diagnostics.r for c in (0.0, 2.0)]
+    np.testing.assert_array_equal(r[0], r[1])
+    assert r[0][0] == r[0].min()
+
+
+def test_a_huge_update_clip_changes_nothing_but_rounding() -> None:
+    kw = synthetic_round(np.random.default_rng(12), 8, 6)
+    off, on = fedrapp_round(**kw), fedrapp_round(**kw, params=FedRAPPParams(update_clip=1e9))
+    np.testing.assert_allclose(on.memory, off.memory, rtol=0, atol=1e-7)
+    np.testing.assert_allclose(on.personalized, off.personalized, rtol=0, atol=1e-7)
 
 
 def test_nobody_replied_changes_nothing() -> None:

@@ -13,6 +13,12 @@ In round t, with A_t the clients that replied (``replied``) and P̃_i their tune
    P̂_i = (1 − γ_i)·M_i + γ_i·Σ_j w_ij·M_j (the memories after step 4).
 7. Clients outside A_t: memory and sent row untouched; never a source, never in a z-statistic.
 
+Update clipping (ours, off by default: ``update_clip`` = c > 0): steps 4-6 use P̃_i' = sent_i + Δ_i·min(1,
+c·median_{j∈U_t}‖Δ_j‖/‖Δ_i‖) instead of P̃_i; steps 1-3 still see the raw Δ_i, so an outsized update is
+still scored as drift. Why: r is built from z-scores, which no client can push beyond √(|U_t| − 1), so the
+penalty of an update 100× too large is bounded while its pull on the peers' prompts grows with its size
+(docs/results/robustness.md measures it). Clipping directions does not change the cosines of step 5.
+
 Choices where SPEC leaves room (also in the report to the lead):
 
 - Step 4 applies to replying clients outside U_t too (r = 0, so μ = μ0): their upload equals what they
@@ -62,6 +68,9 @@ class FedRAPPParams(RuleParams):
     gamma_max: float = param(0.8, UNIT, "cap on the peers' share")
     r_clip: float = param(3.0, Interval(0.0, np.inf, low_open=True), "r is clipped to [−r_clip, r_clip]")
     min_update_norm: float = param(1e-8, Interval(0.0, np.inf, high_open=True), "‖Δ‖ above which i ∈ U_t")
+    update_clip: float = param(
+        0.0, NON_NEGATIVE, "ours: memories and mixing use Δ_i clipped to this × the median ‖Δ‖ over U_t (0 = off)"
+    )
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -98,6 +107,17 @@ def reliability_scores(
         - params.lambda_drift * masked_zscore(drift, informative)
     )
     return np.clip(r, -params.r_clip, params.r_clip)
+
+
+def clipped_updates(
+    delta: NDArray[np.float64], delta_norm: NDArray[np.float64], informative: NDArray[np.bool_], clip: float
+) -> NDArray[np.float64]:
+    """Δ [N, d] with every row's norm capped at ``clip`` × the median ‖Δ_j‖ over U_t (rows outside U_t are 0)."""
+    if not informative.any():
+        return delta
+    cap = clip * float(np.median(delta_norm[informative]))
+    scale = np.minimum(1.0, np.divide(cap, delta_norm, out=np.ones_like(delta_norm), where=delta_norm > cap))
+    return delta * scale[:, None]
 
 
 def log_source_reliability(r: NDArray[np.float64]) -> NDArray[np.float64]:
@@ -186,9 +206,10 @@ def fedrapp_round(
     informative = x.replied & (delta_norm > p.min_update_norm)
     # 3. reliability
     r = reliability_scores(x.h_pre, x.h_post, drift, informative, p)
-    # 4. memory (μ = 1 marks the untouched rows of absent clients)
+    # 4. memory (μ = 1 marks the untouched rows of absent clients), from the clipped uploads if asked
+    used = x.sent + clipped_updates(delta, delta_norm, informative, p.update_clip) if p.update_clip > 0 else x.tuned
     mu = np.where(x.replied, np.clip(p.mu0 - p.eta * r, 0.0, 1.0), 1.0)
-    new_memory = keep_rows(mu[:, None] * x.memory + (1.0 - mu[:, None]) * x.tuned, x.memory32, absent)
+    new_memory = keep_rows(mu[:, None] * x.memory + (1.0 - mu[:, None]) * used, x.memory32, absent)
     # 5. peer weights
     log_rho = log_source_reliability(r)
     w = peer_weights(delta, delta_norm, log_rho, informative, x.replied, p.tau)
