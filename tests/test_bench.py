@@ -14,7 +14,7 @@ import pytest
 
 import fedrapp_app.bench.grid as grid_module
 from fedrapp_app.bench import BenchError, BenchRunner, load_bench, parse_bench, read_rows, write_rows
-from fedrapp_app.bench.report import grid_markdown, write_report
+from fedrapp_app.bench.report import grid_markdown, write_gain_figures, write_report
 from fedrapp_app.bench.schema import identity_key
 from fedrapp_app.bench.stats import Setting, best_settings, by_key, fedrapp_signals, mean_std, settings_of, t975
 from fedrapp_app.testbed import world
@@ -264,6 +264,21 @@ def test_a_setting_missing_seeds_is_flagged_and_never_best():
     text = grid_markdown(settings, best, by_key(rows), {}, 0)
     assert "| fedrapp | 90.00 (1 of 3 seeds) |" in text and "| none-fed | **50.00 ± 0.00** |" in text
     assert "+40.00 (1 of 3 seeds)" in text
+
+
+def test_gain_figure_needs_two_paired_seeds(tmp_path):
+    def rows_of(seeds):
+        rows = []
+        for seed in seeds:
+            rows.append(fake_row(identity_key({"strategy": "none-fed", "seed": seed}), "none-fed", seed, 0.5))
+            rows.append(fake_row(f"f{seed}", "fedrapp", seed, 0.5 + 0.01 * seed))
+        return rows
+
+    rows = rows_of([0, 1, 2])
+    assert write_gain_figures(settings_of(rows), by_key(rows), tmp_path) == {"g": "gains-g.png"}
+    assert (tmp_path / "gains-g.png").read_bytes()[:4] == b"\x89PNG"
+    single = rows_of([0])  # one seed: no interval to draw
+    assert write_gain_figures(settings_of(single), by_key(single), tmp_path / "none") == {}
 
 
 def trace(rounds, norms, rs, gains, drops):

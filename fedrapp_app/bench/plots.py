@@ -2,6 +2,7 @@
 
 - ``curves_figure``: per-round accuracy of each compared method in one context (mean over seeds): online
   accuracy after local adaptation, and accuracy of the received prompt before adaptation.
+- ``gains_figure``: each method's paired gain over none-fed with its 95% t interval over seeds, per context.
 - ``fedrapp_figure``: for one FedRAPP cell, each client's reliability r, memory rate mu, peer share gamma
   and the share of its peer weight on clients of its own shift domain, over rounds.
 """
@@ -18,7 +19,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402 - the backend must be chosen first
 from matplotlib.ticker import MaxNLocator  # noqa: E402
 
-from fedrapp_app.bench.stats import Setting, round_curve  # noqa: E402
+from fedrapp_app.bench.stats import Setting, Stat, round_curve  # noqa: E402
 
 _STYLES = ("-", "--", ":", "-.")
 
@@ -41,6 +42,33 @@ def curves_figure(settings: Sequence[Setting], title: str, path: Path) -> Path:
     axes[0].set_ylabel("top-1 accuracy of the round's batches (%)")
     axes[1].legend(fontsize=8, loc="best")
     fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def gains_figure(gains: Mapping[str, Sequence[tuple[str, Stat]]], title: str, path: Path) -> Path:
+    """Dot plot of paired gains (points) with 95% t intervals: ``gains[context] = [(method, gain), ...]``."""
+    methods = list(dict.fromkeys(m for rows in gains.values() for m, _ in rows))
+    contexts = list(gains)
+    fig, ax = plt.subplots(figsize=(7, 0.9 + 0.32 * len(methods) * max(1, len(contexts) / 2)))
+    step = 0.7 / max(1, len(contexts))
+    for k, context in enumerate(contexts):
+        for method, gain in gains[context]:
+            y = methods.index(method) + (k - (len(contexts) - 1) / 2) * step
+            low, high = gain.ci95()
+            ax.plot([100 * low, 100 * high], [y, y], color=f"C{k}", linewidth=1.2)
+            ax.plot(100 * gain.mean, y, "o", color=f"C{k}", markersize=4,
+                    label=context if method == gains[context][0][0] else None)
+    ax.axvline(0, color="black", linewidth=0.8)
+    ax.set_yticks(range(len(methods)), methods, fontsize=8)
+    ax.invert_yaxis()
+    ax.set_xlabel("gain over none-fed, paired by seed (points): mean and 95% t interval")
+    ax.grid(axis="x", alpha=0.3)
+    if len(contexts) > 1:
+        ax.legend(fontsize=8, loc="best")
+    ax.set_title(title, fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

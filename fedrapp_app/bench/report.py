@@ -2,8 +2,9 @@
 
 Writes into ``<bench-dir>/report`` (or ``--out``): ``report.md`` (per grid: a pivot of the micro online
 accuracy, then every number), ``settings.csv`` (one line per setting), ``cells.csv`` (one line per cell),
-``curves-*.png`` (per-round accuracy per context) and ``fedrapp-*.png`` (r, mu, gamma, same-domain peer
-share per client for the first seed of each FedRAPP setting). Only ``cells.jsonl`` is read.
+``curves-*.png`` (per-round accuracy per context), ``gains-*.png`` (paired gains over none-fed with 95%
+intervals) and ``fedrapp-*.png`` (r, mu, gamma, same-domain peer share per client for the first seed of
+each FedRAPP setting). Only ``cells.jsonl`` is read.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from fedrapp_app.bench.plots import curves_figure, fedrapp_figure
+from fedrapp_app.bench.plots import curves_figure, fedrapp_figure, gains_figure
 from fedrapp_app.bench.rows import read_rows, write_text_atomic
 from fedrapp_app.bench.stats import Setting, Stat, best_settings, by_key, fedrapp_signals, settings_of
 
@@ -180,6 +181,20 @@ def cell_records(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
              "rounds": r["summary"]["rounds"], "seconds": r["seconds"]} for r in rows]
 
 
+def write_gain_figures(settings: Sequence[Setting], index: Mapping[str, Any], out_dir: Path) -> dict[str, str]:
+    """One gain dot plot per grid whose settings have paired gains over at least 2 seeds; grid -> file name."""
+    per_grid: dict[str, dict[str, list[tuple[str, Stat]]]] = {}
+    for s in settings:
+        gain = s.gain(index)
+        if gain is not None and gain.n >= 2:
+            per_grid.setdefault(s.grid, {}).setdefault(s.context_name, []).append((_label(s), gain))
+    names = {}
+    for grid, gains in per_grid.items():
+        names[grid] = f"gains-{_slug(grid)}.png"
+        gains_figure(gains, f"{grid}: gain over none-fed", out_dir / names[grid])
+    return names
+
+
 def write_figures(settings: Sequence[Setting], out_dir: Path) -> tuple[dict[tuple[str, str], str], list[str]]:
     """Curves per (grid, context) and FedRAPP diagnostics per FedRAPP setting; returns their file names."""
     figures: dict[tuple[str, str], str] = {}
@@ -217,6 +232,7 @@ def write_report(bench_dir: str | Path, out_dir: str | Path | None = None) -> Pa
     best = best_settings(settings)
     index = by_key(rows)
     figures, diagnostics = write_figures(settings, out)
+    gain_figures = write_gain_figures(settings, index, out)
 
     text = io.StringIO()
     text.write(f"# Benchmark `{bench_dir.name}`\n\nRegenerate: `python -m fedrapp_app.bench.report {bench_dir}` "
@@ -228,7 +244,10 @@ def write_report(bench_dir: str | Path, out_dir: str | Path | None = None) -> Pa
         members = [(i, s) for i, s in enumerate(settings) if s.grid == grid]
         offset = members[0][0]
         grid_figures = {c: name for (g, c), name in figures.items() if g == grid}
-        text.write(grid_markdown([s for _, s in members], best, index, grid_figures, offset) + "\n")
+        text.write(grid_markdown([s for _, s in members], best, index, grid_figures, offset))
+        if grid in gain_figures:
+            text.write(f"\n![{grid}: gain over none-fed]({gain_figures[grid]})\n")
+        text.write("\n")
     if diagnostics:
         text.write("## FedRAPP per-client diagnostics (first seed)\n\n")
         text.write("".join(f"- [{name}]({name})\n" for name in diagnostics))
