@@ -18,6 +18,7 @@ import argparse
 import io
 import math
 import sys
+import textwrap
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -223,7 +224,7 @@ def traces_figure(settings: Sequence[Setting], title: str, path: Path) -> Path:
     fig, axes = plt.subplots(len(settings), len(TRACES), figsize=(11, height), squeeze=False, sharex=True)
     for row_axes, s in zip(axes, settings, strict=True):
         colors = _color_of([d for row in s.rows for d in domains_of(row).values()])
-        for ax, (key, name) in zip(row_axes, TRACES, strict=True):
+        for ax, (key, _) in zip(row_axes, TRACES, strict=True):
             by_domain: dict[str, dict[int, list[float]]] = {}
             for row in s.rows:
                 for block in row["clients"].values():
@@ -238,9 +239,12 @@ def traces_figure(settings: Sequence[Setting], title: str, path: Path) -> Path:
                 order = sorted(series)
                 ax.plot(order, [np.mean(series[t]) for t in order], color=colors[domain], linewidth=2.2,
                         label=f"{domain} (mean)")
-            ax.set_title(f"{s.method}: {name}", fontsize=8)
             ax.grid(alpha=0.3)
+        # the setting names the row (left), the quantity the column (top): long rule labels no longer collide
+        row_axes[0].set_ylabel(textwrap.fill(s.method, 26), fontsize=8)
         row_axes[0].legend(fontsize=7, loc="best")
+    for ax, (_, name) in zip(axes[0], TRACES, strict=True):
+        ax.set_title(name, fontsize=9)
     for ax in axes[-1]:
         ax.set_xlabel("round")
     fig.suptitle(title, fontsize=10)
