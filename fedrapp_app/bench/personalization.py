@@ -204,7 +204,11 @@ def share_figure(settings: Sequence[Setting], title: str, path: Path) -> Path:
         ax.set_xlabel("round")
     for ax in axes[:, 0]:
         ax.set_ylabel("peer weight on same-domain peers", fontsize=8)
-    axes[0, 0].legend(fontsize=7, loc="lower right")
+    spare = list(axes.flat[len(settings):])
+    if spare:  # an empty panel holds the legend, which would otherwise hide curves
+        spare[0].legend(*axes[0, 0].get_legend_handles_labels(), fontsize=8, loc="center")
+    else:
+        axes[0, 0].legend(fontsize=7, loc="lower right")
     fig.suptitle(title, fontsize=10)
     _tight(fig, height)
     save_small_png(fig, path)
