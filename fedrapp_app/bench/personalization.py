@@ -14,7 +14,6 @@ weights over the other clients that took part in that round it would be the shar
 
 from __future__ import annotations
 
-import argparse
 import io
 import math
 import sys
@@ -25,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from fedrapp_app.bench.rows import read_rows, write_text_atomic
+from fedrapp_app.bench.rows import read_rows, report_main, write_text_atomic
 from fedrapp_app.bench.schema import ZEROSHOT
 from fedrapp_app.bench.stats import Setting, Stat, mean_std, settings_of
 
@@ -389,17 +388,8 @@ def write_personalization(bench_dir: str | Path, out_dir: str | Path | None = No
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m fedrapp_app.bench.personalization",
-                                     description=__doc__.splitlines()[0])
-    parser.add_argument("bench_dir", type=Path, help="a bench directory of a testbed grid (holds cells.jsonl)")
-    parser.add_argument("--out", type=Path, default=None, help="where to write (default: <bench-dir>/personalization)")
-    args = parser.parse_args(argv)
-    try:
-        print(write_personalization(args.bench_dir, args.out))
-    except (FileNotFoundError, ValueError) as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
-    return 0
+    return report_main(argv, "python -m fedrapp_app.bench.personalization", __doc__, write_personalization,
+                       "personalization")
 
 
 if __name__ == "__main__":

@@ -9,7 +9,6 @@ each FedRAPP setting). Only ``cells.jsonl`` is read.
 
 from __future__ import annotations
 
-import argparse
 import csv
 import io
 import json
@@ -21,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from fedrapp_app.bench.plots import curves_figure, fedrapp_figure, gains_figure
-from fedrapp_app.bench.rows import read_rows, write_text_atomic
+from fedrapp_app.bench.rows import read_rows, report_main, write_text_atomic
 from fedrapp_app.bench.stats import Setting, Stat, best_settings, by_key, fedrapp_signals, settings_of
 
 COLUMNS = (
@@ -259,16 +258,7 @@ def write_report(bench_dir: str | Path, out_dir: str | Path | None = None) -> Pa
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m fedrapp_app.bench.report", description=__doc__.splitlines()[0])
-    parser.add_argument("bench_dir", type=Path, help="a bench directory (holds cells.jsonl)")
-    parser.add_argument("--out", type=Path, default=None, help="where to write (default: <bench-dir>/report)")
-    args = parser.parse_args(argv)
-    try:
-        print(write_report(args.bench_dir, args.out))
-    except (FileNotFoundError, ValueError) as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
-    return 0
+    return report_main(argv, "python -m fedrapp_app.bench.report", __doc__, write_report, "report")
 
 
 if __name__ == "__main__":

@@ -9,10 +9,12 @@ so an interrupted grid leaves only whole rows behind.
 
 from __future__ import annotations
 
+import argparse
 import json
+import sys
 import time
 from collections import defaultdict
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -56,6 +58,21 @@ def write_text_atomic(path: Path, text: str) -> None:
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(text)
     tmp.replace(path)
+
+
+def report_main(argv: list[str] | None, prog: str, doc: str, write: Callable[[Path, Path | None], Path],
+                default_out: str) -> int:
+    """The command line of a report module: ``<bench-dir> [--out DIR]``; prints the written path, 2 on bad input."""
+    parser = argparse.ArgumentParser(prog=prog, description=doc.splitlines()[0])
+    parser.add_argument("bench_dir", type=Path, help="a bench directory (holds cells.jsonl)")
+    parser.add_argument("--out", type=Path, default=None, help=f"where to write (default: <bench-dir>/{default_out})")
+    args = parser.parse_args(argv)
+    try:
+        print(write(args.bench_dir, args.out))
+    except (FileNotFoundError, ValueError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    return 0
 
 
 def _same_domain_share(peers: Mapping[str, float], client: int, domains: Sequence[str | None]) -> float | None:
