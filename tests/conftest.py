@@ -2,15 +2,23 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
+from hypothesis import settings
 from PIL import Image
 
 from fedrapp_app.testbed.tiny import make_tiny_clip
+
+# Property tests draw the same examples on every run, so CI is reproducible; HYPOTHESIS_PROFILE=explore
+# draws fresh random examples (and keeps failures in .hypothesis/) to hunt for new counterexamples.
+settings.register_profile("ci", derandomize=True, database=None)
+settings.register_profile("explore", derandomize=False)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 #: Class names of the tiny checkpoint: one- to four-word names, so sequences have different lengths.
 TINY_CLASSNAMES = ("cat", "golden retriever", "red sports car", "big blue spotted whale", "tulip")

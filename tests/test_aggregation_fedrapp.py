@@ -8,7 +8,7 @@ import warnings
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from hypothesis.extra.numpy import arrays
 
@@ -251,12 +251,14 @@ def test_larger_entropy_drop_means_lower_retention_and_more_weight_as_a_source(s
 
 @settings(max_examples=60, deadline=None)
 @given(seed=st.integers(0, 2**32 - 1), extra=st.floats(0.01, 3))
+@example(seed=76519665, extra=3.0)  # two informative clients: r is 0 within rounding before and after
 def test_raising_one_clients_entropy_drop_never_raises_its_retention(seed, extra) -> None:
     kw = synthetic_round(np.random.default_rng(seed), 7, 12)
     k = int(np.flatnonzero(kw["replied"])[0])
     before = fedrapp_round(**kw).diagnostics.mu[k]
     kw["h_pre"][k] += extra
-    assert fedrapp_round(**kw).diagnostics.mu[k] <= before
+    # up to rounding: with two informative clients every z-score is ±1 and r sums to 0 within an ulp or two
+    assert fedrapp_round(**kw).diagnostics.mu[k] <= before + 1e-12
 
 
 # ------------------------------------------------------------------------------------------ edge cases
