@@ -41,15 +41,16 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="testbed")
     parser.add_argument("--size", type=int, default=512, help="images per domain stream")
-    parser.add_argument("--methods", nargs="+", default=["zeroshot", "adaprompt"],
-                        choices=["zeroshot", *METHOD_PARAMS])
+    parser.add_argument("--methods", nargs="+", default=["zeroshot", "adaprompt"], choices=["zeroshot", *METHOD_PARAMS])
     parser.add_argument("--seed", type=int, default=100)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    clips = {precision: PromptedCLIP(load_clip(args.model, device="cpu", precision=precision), CLASSNAMES,
-                                     HAND_TEMPLATE) for precision in ("fp32", "bf16")}
+    clips = {
+        precision: PromptedCLIP(load_clip(args.model, device="cpu", precision=precision), CLASSNAMES, HAND_TEMPLATE)
+        for precision in ("fp32", "bf16")
+    }
     print(f"model {args.model}, CPU, {args.size} images per domain, seed {args.seed}; load {load_average():.2f}")
     rows = []
     for domain, severity in domains():
@@ -63,8 +64,9 @@ def main() -> None:
             row[f"zeroshot_{precision}"] = float((predictions[precision] == stream.labels).mean())
             for method in args.methods:
                 if method != "zeroshot":
-                    row[f"{method}_{precision}"] = online_accuracy(pclip, method, METHOD_PARAMS[method], pixels,
-                                                                   stream.labels, 64, args.seed)
+                    row[f"{method}_{precision}"] = online_accuracy(
+                        pclip, method, METHOD_PARAMS[method], pixels, stream.labels, 64, args.seed
+                    )
         row["zeroshot_agreement"] = float((predictions["fp32"] == predictions["bf16"]).mean())
         rows.append(row)
         cells = "  ".join(f"{m} {100 * row[f'{m}_fp32']:.1f} / {100 * row[f'{m}_bf16']:.1f}" for m in args.methods)
@@ -73,8 +75,10 @@ def main() -> None:
     for method in args.methods:
         fp32 = np.mean([r[f"{method}_fp32"] for r in rows])
         bf16 = np.mean([r[f"{method}_bf16"] for r in rows])
-        print(f"mean over domains  {method}: fp32 {100 * fp32:.2f}%  bf16 {100 * bf16:.2f}%  "
-              f"difference {100 * (bf16 - fp32):+.2f} points")
+        print(
+            f"mean over domains  {method}: fp32 {100 * fp32:.2f}%  bf16 {100 * bf16:.2f}%  "
+            f"difference {100 * (bf16 - fp32):+.2f} points"
+        )
     print(f"load after: {load_average():.2f}")
     if args.json:
         args.json.write_text(json.dumps(rows, indent=2))

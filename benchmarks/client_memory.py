@@ -62,17 +62,29 @@ def child(args: argparse.Namespace) -> None:
     clip = load_clip(args.model, device="cpu") if args.model else vit_b16(classnames, tiny=args.tiny)
     pclip = PromptedCLIP(clip, classnames)
     rng = np.random.default_rng(0)
-    pixels = pclip.preprocess([Image.fromarray(rng.integers(0, 256, (240, 320, 3), dtype=np.uint8))
-                               for _ in range(args.images)])
-    params = {"n_views": 3} if args.method.startswith("tpt") else (
-        {"threshold": 0.0, "buffer_size": args.images} if args.method == "adaprompt" else {})
+    pixels = pclip.preprocess(
+        [Image.fromarray(rng.integers(0, 256, (240, 320, 3), dtype=np.uint8)) for _ in range(args.images)]
+    )
+    params = (
+        {"n_views": 3}
+        if args.method.startswith("tpt")
+        else ({"threshold": 0.0, "buffer_size": args.images} if args.method == "adaprompt" else {})
+    )
     method = make_method(args.method, **params)
     prompt = method.initial_prompt(pclip)
     ready_peak, ready_rss = peak_rss_mib(), current_rss_mib()
     reset_peak()
     method.adapt(pclip, prompt, pixels, torch.Generator().manual_seed(0))
-    print(json.dumps({"method": args.method, "ready_peak_mib": ready_peak, "ready_rss_mib": ready_rss,
-                      "step_peak_mib": peak_rss_mib()}))
+    print(
+        json.dumps(
+            {
+                "method": args.method,
+                "ready_peak_mib": ready_peak,
+                "ready_rss_mib": ready_rss,
+                "step_peak_mib": peak_rss_mib(),
+            }
+        )
+    )
 
 
 def main() -> None:
@@ -91,19 +103,34 @@ def main() -> None:
         child(args)
         return
     rows = []
-    print(f"peak RSS per client process (MiB), CPU fp32, {args.classes} classes, batch {args.images}, "
-          f"{'model ' + args.model if args.model else ('tiny CLIP' if args.tiny else 'random ViT-B/16')}")
+    print(
+        f"peak RSS per client process (MiB), CPU fp32, {args.classes} classes, batch {args.images}, "
+        f"{'model ' + args.model if args.model else ('tiny CLIP' if args.tiny else 'random ViT-B/16')}"
+    )
     print(f"{'method':12s}{'model ready':>14s}{'peak in step':>14s}{'step - ready':>14s}")
     for method in args.methods:
-        command = [sys.executable, __file__, "--child", method, "--images", str(args.images),
-                   "--classes", str(args.classes), "--threads", str(args.threads)]
+        command = [
+            sys.executable,
+            __file__,
+            "--child",
+            method,
+            "--images",
+            str(args.images),
+            "--classes",
+            str(args.classes),
+            "--threads",
+            str(args.threads),
+        ]
         command += ["--model", args.model] if args.model else []
         command += ["--tiny"] if args.tiny else []
         done = subprocess.run(command, capture_output=True, text=True, check=True)
         row = json.loads(done.stdout.strip().splitlines()[-1])
         rows.append(row)
-        print(f"{method:12s}{row['ready_peak_mib']:14.0f}{row['step_peak_mib']:14.0f}"
-              f"{row['step_peak_mib'] - row['ready_rss_mib']:14.0f}", flush=True)
+        print(
+            f"{method:12s}{row['ready_peak_mib']:14.0f}{row['step_peak_mib']:14.0f}"
+            f"{row['step_peak_mib'] - row['ready_rss_mib']:14.0f}",
+            flush=True,
+        )
     if args.json:
         args.json.write_text(json.dumps(rows, indent=2))
 

@@ -54,8 +54,12 @@ def naive_pclip(clip: FrozenCLIP, classnames: tuple[str, ...]) -> PromptedCLIP:
         full_length_text = True
 
         def hard_prompt_features(self) -> Tensor:
-            tokens = self.clip.tokenizer([self.template.format(n) for n in self.classnames], padding="max_length",
-                                         max_length=self.clip.max_text_length, return_tensors="pt")
+            tokens = self.clip.tokenizer(
+                [self.template.format(n) for n in self.classnames],
+                padding="max_length",
+                max_length=self.clip.max_text_length,
+                return_tensors="pt",
+            )
             with torch.no_grad():
                 return F.normalize(self.clip.model.get_text_features(**tokens).pooler_output, dim=-1)
 
@@ -81,8 +85,9 @@ def naive_tpt(pclip: PromptedCLIP, method: LocalMethod, prompt, pixels, generato
             ctx = prompt[0].clone().requires_grad_(True)
             optimizer = torch.optim.AdamW([ctx], lr=p.lr, weight_decay=p.weight_decay)
         views = tpt_views(pixels[i], p.n_views, torch.Generator().manual_seed(seed))
-        loss, _ = tpt_loss(pclip.logit_scale * pclip.image_features(views) @ pclip.text_features([ctx])[0].T,
-                           p.views_kept)
+        loss, _ = tpt_loss(
+            pclip.logit_scale * pclip.image_features(views) @ pclip.text_features([ctx])[0].T, p.views_kept
+        )
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
@@ -111,8 +116,12 @@ def naive_adaprompt(pclip: PromptedCLIP, method: LocalMethod, prompt, pixels, ge
         return pclip.logits(pclip.image_features(pixels), pclip.text_features(params)).argmax(-1)
 
 
-NAIVE: dict[str, Callable] = {"zeroshot": naive_zeroshot, "tpt": naive_tpt, "tpt-online": naive_tpt,
-                              "adaprompt": naive_adaprompt}
+NAIVE: dict[str, Callable] = {
+    "zeroshot": naive_zeroshot,
+    "tpt": naive_tpt,
+    "tpt-online": naive_tpt,
+    "adaprompt": naive_adaprompt,
+}
 
 
 # the settings a naive timing depends on (the naive path is always fp32 with the full text pass)
@@ -124,12 +133,17 @@ def reused_naive(path: Path, args: argparse.Namespace) -> dict[str, dict]:
     earlier = json.loads(path.read_text())
     if "args" not in earlier or "rows" not in earlier:
         raise ValueError(f"{path} is not a client_step.py --json file (it needs 'args' and 'rows')")
-    differ = {k: (earlier["args"].get(k), str(getattr(args, k))) for k in NAIVE_SIZES
-              if earlier["args"].get(k) != str(getattr(args, k))}
+    differ = {
+        k: (earlier["args"].get(k), str(getattr(args, k)))
+        for k in NAIVE_SIZES
+        if earlier["args"].get(k) != str(getattr(args, k))
+    }
     if differ:
         listed = ", ".join(f"{k}: {was} there, {now} here" for k, (was, now) in differ.items())
-        raise ValueError(f"--naive-from {path} timed the naive step at other sizes ({listed}); "
-                         "rerun without --naive-from or with the same sizes")
+        raise ValueError(
+            f"--naive-from {path} timed the naive step at other sizes ({listed}); "
+            "rerun without --naive-from or with the same sizes"
+        )
     return {row["method"]: row for row in earlier["rows"]}
 
 
@@ -141,8 +155,7 @@ def build_method(name: str, args: argparse.Namespace) -> LocalMethod:
     return make_method(name)
 
 
-def time_method(name: str, ours: PromptedCLIP, naive: PromptedCLIP, pixels: Tensor,
-                args: argparse.Namespace) -> dict:
+def time_method(name: str, ours: PromptedCLIP, naive: PromptedCLIP, pixels: Tensor, args: argparse.Namespace) -> dict:
     """Median wall and CPU seconds of our step and of the naive step on ``pixels``; prediction agreement."""
     method = build_method(name, args)
     prompt = method.initial_prompt(ours)
@@ -166,10 +179,19 @@ def time_method(name: str, ours: PromptedCLIP, naive: PromptedCLIP, pixels: Tens
     else:
         naive_t = measure(naive_step, args.naive_repeats)
         agree = float((outputs["naive"] == outputs["ours"]).float().mean())
-    return {"method": name, "images": len(pixels), "ours_s": ours_t["wall"], "naive_s": naive_t["wall"],
-            "ours_cpu_s": ours_t["cpu"], "naive_cpu_s": naive_t["cpu"], "ours_runs": ours_t["walls"],
-            "naive_runs": naive_t["walls"], "same_predictions": agree, "load_before": load,
-            "load_after": load_average()}
+    return {
+        "method": name,
+        "images": len(pixels),
+        "ours_s": ours_t["wall"],
+        "naive_s": naive_t["wall"],
+        "ours_cpu_s": ours_t["cpu"],
+        "naive_cpu_s": naive_t["cpu"],
+        "ours_runs": ours_t["walls"],
+        "naive_runs": naive_t["walls"],
+        "same_predictions": agree,
+        "load_before": load,
+        "load_after": load_average(),
+    }
 
 
 def agreement(share: float | None) -> str:
@@ -193,8 +215,12 @@ def main() -> None:
     parser.add_argument("--max-load", type=float, default=1.5, help="wait for a 1-minute load below this")
     parser.add_argument("--patience", type=float, default=0.0, help="seconds to wait for that load")
     parser.add_argument("--json", type=Path, default=None, help="also write the rows here")
-    parser.add_argument("--naive-from", type=Path, default=None,
-                        help="reuse the naive timings of an earlier --json run with the same sizes (naive is fp32)")
+    parser.add_argument(
+        "--naive-from",
+        type=Path,
+        default=None,
+        help="reuse the naive timings of an earlier --json run with the same sizes (naive is fp32)",
+    )
     args = parser.parse_args()
     if args.quick:
         args.images, args.classes, args.tpt_views, args.tpt_images = 16, 20, 3, 2
@@ -213,27 +239,36 @@ def main() -> None:
     rng = np.random.default_rng(0)
     images = [Image.fromarray(rng.integers(0, 256, (240, 320, 3), dtype=np.uint8)) for _ in range(args.images)]
     pixels = ours.preprocess(images)
-    print(f"ViT-B/16 random weights, CPU, ours {args.precision}{' (no shared prefix)' * args.no_shared_prefix}, "
-          f"naive fp32, {torch.get_num_threads()} threads: {len(classnames)} classes, batch {args.images} "
-          f"(TPT: {args.tpt_images} images timed, 1 + {args.tpt_views} views each); "
-          f"median of {args.repeats} (ours) / {args.naive_repeats} (naive) runs")
+    print(
+        f"ViT-B/16 random weights, CPU, ours {args.precision}{' (no shared prefix)' * args.no_shared_prefix}, "
+        f"naive fp32, {torch.get_num_threads()} threads: {len(classnames)} classes, batch {args.images} "
+        f"(TPT: {args.tpt_images} images timed, 1 + {args.tpt_views} views each); "
+        f"median of {args.repeats} (ours) / {args.naive_repeats} (naive) runs"
+    )
     rows, total_ours, total_naive = [], 0.0, 0.0
     for name in args.methods:
         batch = pixels[: args.tpt_images] if name.startswith("tpt") else pixels
         row = time_method(name, ours, naive, batch, args)
         scale = args.images / row["images"]  # TPT: per-image cost times the batch
-        row.update(batch=args.images, extrapolated=scale != 1, speedup=row["naive_s"] / row["ours_s"],
-                   speedup_cpu=row["naive_cpu_s"] / row["ours_cpu_s"],
-                   **{f"{k}_batch": row[k] * scale for k in ("ours_s", "naive_s", "ours_cpu_s", "naive_cpu_s")})
+        row.update(
+            batch=args.images,
+            extrapolated=scale != 1,
+            speedup=row["naive_s"] / row["ours_s"],
+            speedup_cpu=row["naive_cpu_s"] / row["ours_cpu_s"],
+            **{f"{k}_batch": row[k] * scale for k in ("ours_s", "naive_s", "ours_cpu_s", "naive_cpu_s")},
+        )
         rows.append(row)
         total_ours, total_naive = total_ours + row["ours_s_batch"], total_naive + row["naive_s_batch"]
         note = f" (timed on {row['images']}, extrapolated)" if row["extrapolated"] else ""
-        print(f"{name:10s} batch {args.images}{note}: ours {row['ours_s_batch']:7.1f} s wall "
-              f"{row['ours_cpu_s_batch']:7.1f} s CPU ({args.images / row['ours_s_batch']:5.2f} img/s)   "
-              f"naive {row['naive_s_batch']:7.1f} s wall {row['naive_cpu_s_batch']:7.1f} s CPU   "
-              f"speed-up {row['speedup']:5.2f}x wall {row['speedup_cpu']:5.2f}x CPU   "
-              f"same predictions {agreement(row['same_predictions'])}   load {row['load_before']:.2f} -> "
-              f"{row['load_after']:.2f}", flush=True)
+        print(
+            f"{name:10s} batch {args.images}{note}: ours {row['ours_s_batch']:7.1f} s wall "
+            f"{row['ours_cpu_s_batch']:7.1f} s CPU ({args.images / row['ours_s_batch']:5.2f} img/s)   "
+            f"naive {row['naive_s_batch']:7.1f} s wall {row['naive_cpu_s_batch']:7.1f} s CPU   "
+            f"speed-up {row['speedup']:5.2f}x wall {row['speedup_cpu']:5.2f}x CPU   "
+            f"same predictions {agreement(row['same_predictions'])}   load {row['load_before']:.2f} -> "
+            f"{row['load_after']:.2f}",
+            flush=True,
+        )
     print(f"all methods: ours {total_ours:.1f} s, naive {total_naive:.1f} s, speed-up {total_naive / total_ours:.2f}x")
     if args.json:
         settings = {k: str(v) for k, v in vars(args).items() if k != "reused_naive"}

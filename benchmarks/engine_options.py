@@ -32,9 +32,11 @@ INIT_TEXTS = ("an image of a", "a colorful image of a", "a noisy picture of a")
 
 def text_rows(classnames: tuple[str, ...], repeats: int) -> list[dict]:
     rows = []
-    variants = [("77 positions (naive)", dict(full_length_text=True, shared_prefix=False)),
-                ("cut after last EOS", dict(full_length_text=False, shared_prefix=False)),
-                ("cut + shared prefix (ours)", dict(full_length_text=False, shared_prefix=True))]
+    variants = [
+        ("77 positions (naive)", dict(full_length_text=True, shared_prefix=False)),
+        ("cut after last EOS", dict(full_length_text=False, shared_prefix=False)),
+        ("cut + shared prefix (ours)", dict(full_length_text=False, shared_prefix=True)),
+    ]
     for precision in ("fp32", "bf16"):
         clip = vit_b16(classnames, precision=precision)
         for label, flags in variants:
@@ -50,23 +52,38 @@ def text_rows(classnames: tuple[str, ...], repeats: int) -> list[dict]:
                 params = [block.clone().requires_grad_(True) for block in blocks]
                 pclip.text_features(params).sum().backward()
 
-            rows.append({"side": "text", "precision": precision, "variant": label,
-                         "forward": measure(forward, repeats, 1), "forward_backward": measure(backward, repeats, 1),
-                         "load": load_average()})
+            rows.append(
+                {
+                    "side": "text",
+                    "precision": precision,
+                    "variant": label,
+                    "forward": measure(forward, repeats, 1),
+                    "forward_backward": measure(backward, repeats, 1),
+                    "load": load_average(),
+                }
+            )
             print(_text_line(rows[-1]), flush=True)
         cached = PromptedCLIP(clip, classnames)
         blocks = [cached.context_from_text(t) for t in INIT_TEXTS]
         cached.constant_text_features(blocks)
-        rows.append({"side": "text", "precision": precision, "variant": "constant cache hit (labeller)",
-                     "forward": measure(lambda c=cached, b=blocks: c.constant_text_features(b), repeats),
-                     "load": load_average()})
+        rows.append(
+            {
+                "side": "text",
+                "precision": precision,
+                "variant": "constant cache hit (labeller)",
+                "forward": measure(lambda c=cached, b=blocks: c.constant_text_features(b), repeats),
+                "load": load_average(),
+            }
+        )
         print(_text_line(rows[-1]), flush=True)
     return rows
 
 
 def _text_line(row: dict) -> str:
-    line = f"text  {row['precision']}  {row['variant']:32s} forward {row['forward']['wall']:7.3f} s " \
-           f"({row['forward']['cpu']:6.3f} CPU)"
+    line = (
+        f"text  {row['precision']}  {row['variant']:32s} forward {row['forward']['wall']:7.3f} s "
+        f"({row['forward']['cpu']:6.3f} CPU)"
+    )
     if "forward_backward" in row:
         both = row["forward_backward"]
         line += f"   forward+backward {both['wall']:7.3f} s ({both['cpu']:6.3f} CPU)"
@@ -91,19 +108,32 @@ def image_rows(images: int, repeats: int) -> list[dict]:
 
     with torch.no_grad():
         reference = tower(pixels)
-    variants = [("fp32 no_grad (ours)", torch.no_grad, tower), ("fp32 inference_mode", torch.inference_mode, tower),
-                ("bf16 autocast (precision=bf16)", torch.no_grad, autocast_tower),
-                ("bf16 weights", torch.no_grad, low_tower)]
+    variants = [
+        ("fp32 no_grad (ours)", torch.no_grad, tower),
+        ("fp32 inference_mode", torch.inference_mode, tower),
+        ("bf16 autocast (precision=bf16)", torch.no_grad, autocast_tower),
+        ("bf16 weights", torch.no_grad, low_tower),
+    ]
     rows = []
     for label, mode, fn in variants:
         with mode():
             timing = measure(lambda fn=fn: fn(pixels), repeats, 1)
             cosine = float(F.cosine_similarity(fn(pixels), reference).min())
-        rows.append({"side": "image", "variant": label, "images": images, "forward": timing, "min_cosine": cosine,
-                     "load": load_average()})
-        print(f"image {label:32s} {images} images {timing['wall']:7.2f} s ({timing['cpu']:6.2f} CPU)  "
-              f"{timing['wall'] / images:.3f} s/image   min cosine to fp32 {cosine:.6f}   load {load_average():.2f}",
-              flush=True)
+        rows.append(
+            {
+                "side": "image",
+                "variant": label,
+                "images": images,
+                "forward": timing,
+                "min_cosine": cosine,
+                "load": load_average(),
+            }
+        )
+        print(
+            f"image {label:32s} {images} images {timing['wall']:7.2f} s ({timing['cpu']:6.2f} CPU)  "
+            f"{timing['wall'] / images:.3f} s/image   min cosine to fp32 {cosine:.6f}   load {load_average():.2f}",
+            flush=True,
+        )
     return rows
 
 
@@ -116,8 +146,10 @@ def main() -> None:
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    print(f"ViT-B/16 random weights, CPU, {torch.get_num_threads()} threads, median of {args.repeats}; "
-          f"load {load_average():.2f}")
+    print(
+        f"ViT-B/16 random weights, CPU, {torch.get_num_threads()} threads, median of {args.repeats}; "
+        f"load {load_average():.2f}"
+    )
     rows = text_rows(CALTECH101[: args.classes], args.repeats) + image_rows(args.images, args.repeats)
     if args.json:
         args.json.write_text(json.dumps({"threads": args.threads, "rows": rows}, indent=2))

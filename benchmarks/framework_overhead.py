@@ -38,9 +38,17 @@ ROUND_LINE = re.compile(r"round (\d+) \|.*\| ([\d.]+)s\s*$")
 
 
 def run_config(model: str, out_dir: Path, rounds: int, clients: int) -> dict:
-    return {"model": model, "num-clients": clients, "num-rounds": rounds, "batch-size": 64,
-            "testbed-samples": 64 * clients * (rounds + 1), "partition": "iid", "output-dir": str(out_dir),
-            "run-name": "run", "node-wait-timeout": 120.0}
+    return {
+        "model": model,
+        "num-clients": clients,
+        "num-rounds": rounds,
+        "batch-size": 64,
+        "testbed-samples": 64 * clients * (rounds + 1),
+        "partition": "iid",
+        "output-dir": str(out_dir),
+        "run-name": "run",
+        "node-wait-timeout": 120.0,
+    }
 
 
 def model_source(tmp: Path) -> str:
@@ -63,12 +71,18 @@ def round_table(stdout: str, run_dir: Path) -> list[dict]:
     for number in sorted(walls):
         clients = [r["client_metrics"] for r in rows if r["round"] == number and r["status"] == "ok"]
         compute = max(c["t-total"] for c in clients)
-        table.append({"round": number, "wall": walls[number], "client_max_t_total": compute,
-                      "overhead": walls[number] - compute,
-                      "t_setup": [round(c["t-setup"], 3) for c in clients],
-                      "t_adapt": [round(c["t-adapt"], 3) for c in clients],
-                      "model_loaded": [int(c["model-loaded"]) for c in clients],
-                      "pids": [int(c["pid"]) for c in clients]})
+        table.append(
+            {
+                "round": number,
+                "wall": walls[number],
+                "client_max_t_total": compute,
+                "overhead": walls[number] - compute,
+                "t_setup": [round(c["t-setup"], 3) for c in clients],
+                "t_adapt": [round(c["t-adapt"], 3) for c in clients],
+                "model_loaded": [int(c["model-loaded"]) for c in clients],
+                "pids": [int(c["pid"]) for c in clients],
+            }
+        )
     return table
 
 
@@ -77,9 +91,24 @@ def simulation(args: argparse.Namespace, tmp: Path) -> tuple[list[dict], str]:
 
     config = run_config(model_source(tmp), tmp / "out", args.rounds, args.clients)
     overrides = " ".join(f"{k}={toml_value(v)}" for k, v in config.items())
-    done = subprocess.run([sys.executable, "-m", "fedrapp_app.launch", str(ROOT), "--flwr-home", str(tmp / "home"),
-                           "-c", overrides, "--cpus-per-client", "1"], capture_output=True, text=True,
-                          timeout=1800, cwd=tempfile.gettempdir())
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "fedrapp_app.launch",
+            str(ROOT),
+            "--flwr-home",
+            str(tmp / "home"),
+            "-c",
+            overrides,
+            "--cpus-per-client",
+            "1",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=1800,
+        cwd=tempfile.gettempdir(),
+    )
     if done.returncode != 0:
         raise RuntimeError(f"fedrapp-sim failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}")
     return round_table(done.stdout + done.stderr, tmp / "out" / "run"), "simulation (Ray, 1 CPU per client)"
@@ -106,24 +135,52 @@ def deployment(args: argparse.Namespace, tmp: Path) -> tuple[list[dict], str]:
 
     def start(command: list[str], environment: dict) -> subprocess.Popen:
         log = open(tmp / f"proc{len(processes)}.log", "w")  # noqa: SIM115 - closed with the process
-        process = subprocess.Popen(command, cwd=neutral, env=environment, stdout=log, stderr=subprocess.STDOUT,
-                                   start_new_session=True)
+        process = subprocess.Popen(
+            command, cwd=neutral, env=environment, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+        )
         processes.append(process)
         return process
 
     config = run_config(model_source(tmp), tmp / "out", args.rounds, args.clients)
     port = free_port()
     try:
-        link = start(["flower-superlink", "--insecure", "--disable-runtime-dependency-installation",
-                      "--host", "127.0.0.1", "--port", str(port)], env)
+        link = start(
+            [
+                "flower-superlink",
+                "--insecure",
+                "--disable-runtime-dependency-installation",
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(port),
+            ],
+            env,
+        )
         wait_healthy(port, link)
         for client in range(args.clients):
-            start(["flower-supernode", "--insecure", "--superlink", f"127.0.0.1:{port}", "--port", str(free_port()),
-                   "--node-config", f"client-id={client}"], node_env)
+            start(
+                [
+                    "flower-supernode",
+                    "--insecure",
+                    "--superlink",
+                    f"127.0.0.1:{port}",
+                    "--port",
+                    str(free_port()),
+                    "--node-config",
+                    f"client-id={client}",
+                ],
+                node_env,
+            )
         write_connection(env, "loopback", f"127.0.0.1:{port}")
         overrides = " ".join(f"{k}={toml_value(v)}" for k, v in config.items())
-        done = subprocess.run(["flwr", "run", str(ROOT), "loopback", "--stream", "-c", overrides], cwd=neutral,
-                              env=env, capture_output=True, text=True, timeout=1800)
+        done = subprocess.run(
+            ["flwr", "run", str(ROOT), "loopback", "--stream", "-c", overrides],
+            cwd=neutral,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=1800,
+        )
         status = run_status(env, neutral, "loopback")
         if status.get("status") != "finished:completed":
             raise RuntimeError(f"the run ended as {status}:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}")
@@ -159,8 +216,12 @@ def main() -> None:
     parser.add_argument("mode", choices=["simulation", "deployment", "imports"])
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--clients", type=int, default=2)
-    parser.add_argument("--exec-poll", type=float, default=None,
-                        help="deployment: FLWR_SUPEREXEC_TASK_POLL_INTERVAL of the SuperNodes (seconds)")
+    parser.add_argument(
+        "--exec-poll",
+        type=float,
+        default=None,
+        help="deployment: FLWR_SUPEREXEC_TASK_POLL_INTERVAL of the SuperNodes (seconds)",
+    )
     parser.add_argument("--repeats", type=int, default=3, help="imports: fresh processes per statement")
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args()
@@ -171,18 +232,28 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="fedrapp-overhead-") as folder:
         table, label = (simulation if args.mode == "simulation" else deployment)(args, Path(folder))
     print(f"{label}: {args.clients} clients, batch 64, AdaPrompt + FedRAPP; load {load:.2f} -> {load_average():.2f}")
-    print(f"{'round':>5} {'wall s':>8} {'client max t-total':>19} {'overhead s':>11}  t-setup per client   "
-          f"model-loaded  pids")
+    print(
+        f"{'round':>5} {'wall s':>8} {'client max t-total':>19} {'overhead s':>11}  t-setup per client   "
+        f"model-loaded  pids"
+    )
     for row in table:
-        print(f"{row['round']:>5} {row['wall']:>8.2f} {row['client_max_t_total']:>19.2f} {row['overhead']:>11.2f}  "
-              f"{str(row['t_setup']):20s} {str(row['model_loaded']):13s} {row['pids']}")
+        print(
+            f"{row['round']:>5} {row['wall']:>8.2f} {row['client_max_t_total']:>19.2f} {row['overhead']:>11.2f}  "
+            f"{str(row['t_setup']):20s} {str(row['model_loaded']):13s} {row['pids']}"
+        )
     later = [row["overhead"] for row in table[1:]]
     if later:
-        print(f"rounds 2+: median overhead {statistics.median(later):.2f} s, median wall "
-              f"{statistics.median(row['wall'] for row in table[1:]):.2f} s")
+        print(
+            f"rounds 2+: median overhead {statistics.median(later):.2f} s, median wall "
+            f"{statistics.median(row['wall'] for row in table[1:]):.2f} s"
+        )
     if args.json:
-        args.json.write_text(json.dumps({"mode": args.mode, "label": label, "load_before": load,
-                                         "load_after": load_average(), "rounds": table}, indent=2))
+        args.json.write_text(
+            json.dumps(
+                {"mode": args.mode, "label": label, "load_before": load, "load_after": load_average(), "rounds": table},
+                indent=2,
+            )
+        )
 
 
 if __name__ == "__main__":

@@ -94,16 +94,25 @@ def tower_throughput(pclip: PromptedCLIP, batch: int, repeats: int) -> dict[str,
         pclip.image_features(pixels[:1])
     analytic = vision_flops_analytic(pclip.clip.model.config)
     seconds = timed(lambda: pclip.image_features(pixels, chunk_size=batch), pclip.device, repeats)
-    return {"flops_per_image": analytic["total"], "flops_dense": analytic["dense"],
-            "flops_attention": analytic["attention"], "flops_counted": float(counter.get_total_flops()),
-            "batch": batch, "seconds": seconds, "images_per_s": batch / seconds,
-            "tflops": analytic["total"] * batch / seconds / 1e12}
+    return {
+        "flops_per_image": analytic["total"],
+        "flops_dense": analytic["dense"],
+        "flops_attention": analytic["attention"],
+        "flops_counted": float(counter.get_total_flops()),
+        "batch": batch,
+        "seconds": seconds,
+        "images_per_s": batch / seconds,
+        "tflops": analytic["total"] * batch / seconds / 1e12,
+    }
 
 
 def method_step(name: str, pclip: PromptedCLIP, pixels: torch.Tensor, views: int, repeats: int) -> dict[str, float]:
     """Median step time, images/s and peak memory of one local method on ``pixels``."""
-    params = {"n_views": views} if name.startswith("tpt") else (
-        {"threshold": 0.0, "buffer_size": len(pixels)} if name == "adaprompt" else {})
+    params = (
+        {"n_views": views}
+        if name.startswith("tpt")
+        else ({"threshold": 0.0, "buffer_size": len(pixels)} if name == "adaprompt" else {})
+    )
     prompt = make_method(name, **params).initial_prompt(pclip)
 
     def step() -> None:
@@ -117,8 +126,14 @@ def method_step(name: str, pclip: PromptedCLIP, pixels: torch.Tensor, views: int
     seconds = timed(step, device, repeats)
     peak = torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else float("nan")
     reserved = torch.cuda.max_memory_reserved(device) / 2**30 if device.type == "cuda" else float("nan")
-    return {"method": name, "batch": len(pixels), "seconds": seconds, "images_per_s": len(pixels) / seconds,
-            "peak_allocated_gib": peak, "peak_reserved_gib": reserved}
+    return {
+        "method": name,
+        "batch": len(pixels),
+        "seconds": seconds,
+        "images_per_s": len(pixels) / seconds,
+        "peak_allocated_gib": peak,
+        "peak_reserved_gib": reserved,
+    }
 
 
 def main() -> None:
@@ -150,30 +165,54 @@ def main() -> None:
     pclip = PromptedCLIP(clip, classnames)
     weights_gib = sum(p.numel() * p.element_size() for p in clip.model.parameters()) / 2**30
     rng = np.random.default_rng(0)
-    pixels = pclip.preprocess([Image.fromarray(rng.integers(0, 256, (240, 320, 3), dtype=np.uint8))
-                               for _ in range(args.batch)]).to(device)
+    pixels = pclip.preprocess(
+        [Image.fromarray(rng.integers(0, 256, (240, 320, 3), dtype=np.uint8)) for _ in range(args.batch)]
+    ).to(device)
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or "cpu"
-    print(f"{name}, torch {torch.__version__}, CUDA {torch.version.cuda}, {args.precision} autocast, "
-          f"{'tiny CLIP' if args.tiny else 'ViT-B/16 (random weights)'}, {len(classnames)} classes, "
-          f"batch {args.batch}, TPT 1 + {args.views} views; model weights {weights_gib:.2f} GiB (fp32)", flush=True)
+    print(
+        f"{name}, torch {torch.__version__}, CUDA {torch.version.cuda}, {args.precision} autocast, "
+        f"{'tiny CLIP' if args.tiny else 'ViT-B/16 (random weights)'}, {len(classnames)} classes, "
+        f"batch {args.batch}, TPT 1 + {args.views} views; model weights {weights_gib:.2f} GiB (fp32)",
+        flush=True,
+    )
     tower = tower_throughput(pclip, args.tower_batch, args.repeats)
-    print(f"image tower: {tower['flops_per_image'] / 1e9:.2f} GFLOP/image "
-          f"(flop_counter: {tower['flops_counted'] / 1e9:.2f}), batch {tower['batch']}: "
-          f"{tower['images_per_s']:.0f} images/s, {tower['tflops']:.1f} TFLOP/s", flush=True)
+    print(
+        f"image tower: {tower['flops_per_image'] / 1e9:.2f} GFLOP/image "
+        f"(flop_counter: {tower['flops_counted'] / 1e9:.2f}), batch {tower['batch']}: "
+        f"{tower['images_per_s']:.0f} images/s, {tower['tflops']:.1f} TFLOP/s",
+        flush=True,
+    )
     rows = []
     for method in args.methods:
         row = method_step(method, pclip, pixels, args.views, args.repeats)
         rows.append(row)
-        print(f"{method:10s} {row['seconds']:8.3f} s/step  {row['images_per_s']:9.1f} images/s  "
-              f"peak {row['peak_allocated_gib']:.2f} GiB allocated ({row['peak_reserved_gib']:.2f} reserved)",
-              flush=True)
+        print(
+            f"{method:10s} {row['seconds']:8.3f} s/step  {row['images_per_s']:9.1f} images/s  "
+            f"peak {row['peak_allocated_gib']:.2f} GiB allocated ({row['peak_reserved_gib']:.2f} reserved)",
+            flush=True,
+        )
     total = time.perf_counter() - started
     print(f"total {total:.0f} s")
     if args.json:
-        args.json.write_text(json.dumps({"device": name, "torch": torch.__version__, "cuda": torch.version.cuda,
-                                         "precision": args.precision, "tiny": args.tiny, "classes": len(classnames),
-                                         "batch": args.batch, "views": args.views, "weights_gib": weights_gib,
-                                         "tower": tower, "methods": rows, "total_s": total}, indent=2))
+        args.json.write_text(
+            json.dumps(
+                {
+                    "device": name,
+                    "torch": torch.__version__,
+                    "cuda": torch.version.cuda,
+                    "precision": args.precision,
+                    "tiny": args.tiny,
+                    "classes": len(classnames),
+                    "batch": args.batch,
+                    "views": args.views,
+                    "weights_gib": weights_gib,
+                    "tower": tower,
+                    "methods": rows,
+                    "total_s": total,
+                },
+                indent=2,
+            )
+        )
 
 
 if __name__ == "__main__":

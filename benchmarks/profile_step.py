@@ -46,11 +46,15 @@ def main() -> None:
     classnames = CALTECH101[: args.classes]
     pclip = PromptedCLIP(vit_b16(classnames, precision=args.precision), classnames)
     pclip.shared_prefix = not args.no_shared_prefix
-    params = {"n_views": args.tpt_views} if args.method.startswith("tpt") else (
-        {"threshold": 0.0, "buffer_size": args.images} if args.method == "adaprompt" else {})
+    params = (
+        {"n_views": args.tpt_views}
+        if args.method.startswith("tpt")
+        else ({"threshold": 0.0, "buffer_size": args.images} if args.method == "adaprompt" else {})
+    )
     rng = np.random.default_rng(0)
-    pixels = pclip.preprocess([Image.fromarray(rng.integers(0, 256, (240, 320, 3), dtype=np.uint8))
-                               for _ in range(args.images)])
+    pixels = pclip.preprocess(
+        [Image.fromarray(rng.integers(0, 256, (240, 320, 3), dtype=np.uint8)) for _ in range(args.images)]
+    )
 
     def step() -> None:
         method = make_method(args.method, **params)
@@ -63,9 +67,11 @@ def main() -> None:
         step()
     wall = time.perf_counter() - start
     events = prof.key_averages()
-    print(f"{args.method}: {args.images} images, {args.classes} classes, {args.precision}, "
-          f"shared prefix {not args.no_shared_prefix}, {torch.get_num_threads()} threads; step {wall:.2f} s "
-          f"under the profiler; load {load:.2f} -> {load_average():.2f}")
+    print(
+        f"{args.method}: {args.images} images, {args.classes} classes, {args.precision}, "
+        f"shared prefix {not args.no_shared_prefix}, {torch.get_num_threads()} threads; step {wall:.2f} s "
+        f"under the profiler; load {load:.2f} -> {load_average():.2f}"
+    )
     for region in REGIONS:
         total = sum(e.cpu_time_total for e in events if e.key == region) / 1e6
         count = sum(e.count for e in events if e.key == region)

@@ -68,9 +68,11 @@ def table(rows: list[dict], curve: str = "acc") -> str:
         lines.append(f"| {strategy} | " + " | ".join(cells) + " |")
     seeds = sorted({row["config"].get("seed", 0) for row in rows})
     what = "online accuracy" if curve == "acc" else "accuracy of the received prompt before adaptation"
-    return "\n".join(lines) + (f"\n\nMicro {what} (%) of the clients honest in every column (all but "
-                              f"{sorted(attackers)}), mean ± std over seeds {seeds}; in brackets the change from the "
-                              "same rule without attack.\n")
+    return "\n".join(lines) + (
+        f"\n\nMicro {what} (%) of the clients honest in every column (all but "
+        f"{sorted(attackers)}), mean ± std over seeds {seeds}; in brackets the change from the "
+        "same rule without attack.\n"
+    )
 
 
 def main(argv: list[str]) -> int:
@@ -82,9 +84,11 @@ def main(argv: list[str]) -> int:
         print(f"no robustness rows in {argv[0]}", file=sys.stderr)
         return 1
     Path(argv[1]).parent.mkdir(parents=True, exist_ok=True)
-    text = (f"**Online accuracy** (the primary metric)\n\n{table(rows)}\n"
-            f"**Received prompt, before adaptation** (what the server's rule delivered)\n\n"
-            f"{table(rows, 'acc_before')}")
+    text = (
+        f"**Online accuracy** (the primary metric)\n\n{table(rows)}\n"
+        f"**Received prompt, before adaptation** (what the server's rule delivered)\n\n"
+        f"{table(rows, 'acc_before')}"
+    )
     print(text)
     out = Path(argv[1])
     marker = "<!-- table -->"

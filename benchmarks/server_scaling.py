@@ -35,8 +35,9 @@ DOMAINS = 4
 
 def time_rule(name: str, kw: dict, repeats: int) -> dict[str, float]:
     """Median and best wall time, and median process CPU time, of ``repeats`` calls (one untimed warm-up)."""
-    params = DomainOracleParams(groups=tuple(np.arange(len(kw["replied"])) % DOMAINS)) \
-        if name == "domain-oracle" else None
+    params = (
+        DomainOracleParams(groups=tuple(np.arange(len(kw["replied"])) % DOMAINS)) if name == "domain-oracle" else None
+    )
     RULES[name](**kw, params=params)
     wall, cpu = [], []
     for _ in range(repeats):
@@ -80,8 +81,12 @@ def main() -> None:
             exponent = growth_exponent(args.clients, times) if len(times) > 1 else float("nan")
             print(f"  {name:<26}" + "".join(f"{t:<11.4f}" for t in times) + f"{exponent:.2f}")
     if args.json:
-        args.json.write_text(json.dumps({"dim": args.dim, "cores": cores, "load_before": load,
-                                         "load_after": load_average(), "table": table}, indent=2))
+        args.json.write_text(
+            json.dumps(
+                {"dim": args.dim, "cores": cores, "load_before": load, "load_after": load_average(), "table": table},
+                indent=2,
+            )
+        )
 
 
 if __name__ == "__main__":

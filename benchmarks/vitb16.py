@@ -28,31 +28,126 @@ from fedrapp_app.testbed.tokenizer import build_word_tokenizer, save_word_tokeni
 
 #: Caltech-101's 100 object classes as CoOp names them: a realistic 100-class list of 1- to 4-word names.
 CALTECH101 = (
-    "face", "leopard", "motorbike", "accordion", "airplane", "anchor", "ant", "barrel", "bass", "beaver",
-    "binocular", "bonsai", "brain", "brontosaurus", "buddha", "butterfly", "camera", "cannon", "car side",
-    "ceiling fan", "cellphone", "chair", "chandelier", "cougar body", "cougar face", "crab", "crayfish",
-    "crocodile", "crocodile head", "cup", "dalmatian", "dollar bill", "dolphin", "dragonfly", "electric guitar",
-    "elephant", "emu", "euphonium", "ewer", "ferry", "flamingo", "flamingo head", "garfield", "gerenuk",
-    "gramophone", "grand piano", "hawksbill", "headphone", "hedgehog", "helicopter", "ibis", "inline skate",
-    "joshua tree", "kangaroo", "ketch", "lamp", "laptop", "llama", "lobster", "lotus", "mandolin", "mayfly",
-    "menorah", "metronome", "minaret", "nautilus", "octopus", "okapi", "pagoda", "panda", "pigeon", "pizza",
-    "platypus", "pyramid", "revolver", "rhino", "rooster", "saxophone", "schooner", "scissors", "scorpion",
-    "sea horse", "snoopy (cartoon beagle)", "soccer ball", "stapler", "starfish", "stegosaurus", "stop sign",
-    "strawberry", "sunflower", "tick", "trilobite", "umbrella", "watch", "water lilly", "wheelchair",
-    "wild cat", "windsor chair", "wrench", "yin yang",
+    "face",
+    "leopard",
+    "motorbike",
+    "accordion",
+    "airplane",
+    "anchor",
+    "ant",
+    "barrel",
+    "bass",
+    "beaver",
+    "binocular",
+    "bonsai",
+    "brain",
+    "brontosaurus",
+    "buddha",
+    "butterfly",
+    "camera",
+    "cannon",
+    "car side",
+    "ceiling fan",
+    "cellphone",
+    "chair",
+    "chandelier",
+    "cougar body",
+    "cougar face",
+    "crab",
+    "crayfish",
+    "crocodile",
+    "crocodile head",
+    "cup",
+    "dalmatian",
+    "dollar bill",
+    "dolphin",
+    "dragonfly",
+    "electric guitar",
+    "elephant",
+    "emu",
+    "euphonium",
+    "ewer",
+    "ferry",
+    "flamingo",
+    "flamingo head",
+    "garfield",
+    "gerenuk",
+    "gramophone",
+    "grand piano",
+    "hawksbill",
+    "headphone",
+    "hedgehog",
+    "helicopter",
+    "ibis",
+    "inline skate",
+    "joshua tree",
+    "kangaroo",
+    "ketch",
+    "lamp",
+    "laptop",
+    "llama",
+    "lobster",
+    "lotus",
+    "mandolin",
+    "mayfly",
+    "menorah",
+    "metronome",
+    "minaret",
+    "nautilus",
+    "octopus",
+    "okapi",
+    "pagoda",
+    "panda",
+    "pigeon",
+    "pizza",
+    "platypus",
+    "pyramid",
+    "revolver",
+    "rhino",
+    "rooster",
+    "saxophone",
+    "schooner",
+    "scissors",
+    "scorpion",
+    "sea horse",
+    "snoopy (cartoon beagle)",
+    "soccer ball",
+    "stapler",
+    "starfish",
+    "stegosaurus",
+    "stop sign",
+    "strawberry",
+    "sunflower",
+    "tick",
+    "trilobite",
+    "umbrella",
+    "watch",
+    "water lilly",
+    "wheelchair",
+    "wild cat",
+    "windsor chair",
+    "wrench",
+    "yin yang",
 )
 assert len(CALTECH101) == 100
 
 
-def vit_b16_config(vocab_size: int, bos: int, eos: int, pad: int, *, image_size: int = 224,
-                   tiny: bool = False) -> CLIPConfig:
+def vit_b16_config(
+    vocab_size: int, bos: int, eos: int, pad: int, *, image_size: int = 224, tiny: bool = False
+) -> CLIPConfig:
     """The ViT-B/16 CLIP sizes (``tiny``: 2 layers, 64 wide, 32 px, for tests of the scripts)."""
     text = dict(vocab_size=vocab_size, bos_token_id=bos, eos_token_id=eos, pad_token_id=pad)
     vision = dict(patch_size=16, image_size=image_size)
     if tiny:
         text.update(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=2)
-        vision.update(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=2,
-                      image_size=32, patch_size=8)
+        vision.update(
+            hidden_size=64,
+            intermediate_size=128,
+            num_hidden_layers=2,
+            num_attention_heads=2,
+            image_size=32,
+            patch_size=8,
+        )
     return CLIPConfig(text_config=text, vision_config=vision, projection_dim=64 if tiny else 512)
 
 
@@ -61,12 +156,19 @@ def _vocabulary(classnames: Sequence[str]) -> list[str]:
     return words_of([*(t.replace("{}", "") for t in DEFAULT_TEXTS), *classnames, *(f"{n}." for n in classnames)])
 
 
-def vit_b16(classnames: Sequence[str] = CALTECH101, *, tiny: bool = False, device: str = "cpu",
-            precision: str = "fp32", seed: int = 0) -> FrozenCLIP:
+def vit_b16(
+    classnames: Sequence[str] = CALTECH101,
+    *,
+    tiny: bool = False,
+    device: str = "cpu",
+    precision: str = "fp32",
+    seed: int = 0,
+) -> FrozenCLIP:
     """A random-weight CLIP with the ViT-B/16 sizes, frozen, in memory (no files)."""
     tokenizer = build_word_tokenizer(_vocabulary(classnames), 77)
-    config = vit_b16_config(len(tokenizer), tokenizer.bos_token_id, tokenizer.eos_token_id,
-                            tokenizer.pad_token_id, tiny=tiny)
+    config = vit_b16_config(
+        len(tokenizer), tokenizer.bos_token_id, tokenizer.eos_token_id, tokenizer.pad_token_id, tiny=tiny
+    )
     torch.manual_seed(seed)
     model = CLIPModel(config).requires_grad_(False).eval().to(device)
     size = config.vision_config.image_size
@@ -80,13 +182,15 @@ def save_vit_b16(folder: str | Path, classnames: Sequence[str] = CALTECH101, *, 
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     tokenizer = save_word_tokenizer(_vocabulary(classnames), 77, folder)
-    config = vit_b16_config(len(tokenizer), tokenizer.bos_token_id, tokenizer.eos_token_id,
-                            tokenizer.pad_token_id, tiny=tiny)
+    config = vit_b16_config(
+        len(tokenizer), tokenizer.bos_token_id, tokenizer.eos_token_id, tokenizer.pad_token_id, tiny=tiny
+    )
     torch.manual_seed(0)
     CLIPModel(config).save_pretrained(str(folder))
     size = config.vision_config.image_size
-    CLIPImageProcessorPil(size={"shortest_edge": size},
-                          crop_size={"height": size, "width": size}).save_pretrained(str(folder))
+    CLIPImageProcessorPil(size={"shortest_edge": size}, crop_size={"height": size, "width": size}).save_pretrained(
+        str(folder)
+    )
     return folder
 
 

@@ -16,8 +16,9 @@ from torch import Tensor
 ATTACKS = ("none", "random", "scaled")
 
 
-def poisoned_upload(attack: str, tuned: Sequence[Tensor], received: Sequence[Tensor], scale: float,
-                    generator: torch.Generator) -> list[Tensor]:
+def poisoned_upload(
+    attack: str, tuned: Sequence[Tensor], received: Sequence[Tensor], scale: float, generator: torch.Generator
+) -> list[Tensor]:
     """The blocks an attacker uploads in place of ``tuned`` (float32, cpu)."""
     if attack == "random":
         out = []

@@ -56,12 +56,24 @@ class ServerCheckpoint:
     config: dict[str, Any]
 
     def save(self, run_dir: Path) -> None:
-        meta = {"round": self.round, "shapes": self.shapes, "rng_state": self.rng_state, "token": self.token,
-                "config": self.config}
-        _save_npz_atomic(Path(run_dir) / SERVER_FILE, {
-            "memory": self.memory, "sent": self.sent, "exhausted": self.exhausted, "positions": self.positions,
-            "p0": self.p0, "meta": np.array(json.dumps(meta)),
-        })
+        meta = {
+            "round": self.round,
+            "shapes": self.shapes,
+            "rng_state": self.rng_state,
+            "token": self.token,
+            "config": self.config,
+        }
+        _save_npz_atomic(
+            Path(run_dir) / SERVER_FILE,
+            {
+                "memory": self.memory,
+                "sent": self.sent,
+                "exhausted": self.exhausted,
+                "positions": self.positions,
+                "p0": self.p0,
+                "meta": np.array(json.dumps(meta)),
+            },
+        )
 
     @classmethod
     def load(cls, run_dir: Path) -> ServerCheckpoint:
@@ -73,17 +85,27 @@ class ServerCheckpoint:
             )
         with np.load(path) as data:
             meta = json.loads(str(data["meta"]))
-            return cls(meta["round"], data["memory"], data["sent"], data["exhausted"], data["positions"],
-                       data["p0"], [tuple(s) for s in meta["shapes"]], meta["rng_state"], meta["token"],
-                       meta["config"])
+            return cls(
+                meta["round"],
+                data["memory"],
+                data["sent"],
+                data["exhausted"],
+                data["positions"],
+                data["p0"],
+                [tuple(s) for s in meta["shapes"]],
+                meta["rng_state"],
+                meta["token"],
+                meta["config"],
+            )
 
 
 def _snapshot_path(state_dir: Path, token: str, client: int, position: int) -> Path:
     return Path(state_dir) / token / f"client-{client}-pos{position}.npz"
 
 
-def save_client_snapshot(state_dir: Path, token: str, client: int, position: int,
-                         method_state: dict[str, np.ndarray]) -> None:
+def save_client_snapshot(
+    state_dir: Path, token: str, client: int, position: int, method_state: dict[str, np.ndarray]
+) -> None:
     """Keep the method state reached at stream ``position``; drop snapshots older than ``position - 1``."""
     _save_npz_atomic(_snapshot_path(state_dir, token, client, position), dict(method_state))
     for old in Path(state_dir, token).glob(f"client-{client}-pos*.npz"):

@@ -59,7 +59,7 @@ def client_id_of(node_config: Mapping[str, Any], num_clients: int) -> int:
                 f'--federation-config "num-supernodes={num_clients}" or set -c "num-clients={parts}"'
             )
     else:
-        raise ValueError("this node has no client id: start the SuperNode with --node-config \"client-id=<i>\"")
+        raise ValueError('this node has no client id: start the SuperNode with --node-config "client-id=<i>"')
     if not 0 <= client < num_clients:
         raise ValueError(f"client id {client} ({source}) is outside 0..{num_clients - 1} (num-clients)")
     return client
@@ -152,10 +152,15 @@ def query(msg: Message, context: Context) -> Message:
     """Discovery: report the client id, the stream's size and position, and the initial prompt P0."""
     client = setup(context)
     p0 = client.method(None).initial_prompt(client.prompted())
-    info = ConfigRecord({"client-id": client.client_id, "num-batches": client.stream.num_batches,
-                         "position": stream_position(context), "num-samples": client.stream.num_samples})
-    return Message(RecordDict({INFO: info, PROMPT: prompt_to_record([b.detach().cpu() for b in p0])}),
-                   reply_to=msg)
+    info = ConfigRecord(
+        {
+            "client-id": client.client_id,
+            "num-batches": client.stream.num_batches,
+            "position": stream_position(context),
+            "num-samples": client.stream.num_samples,
+        }
+    )
+    return Message(RecordDict({INFO: info, PROMPT: prompt_to_record([b.detach().cpu() for b in p0])}), reply_to=msg)
 
 
 @app.train()
@@ -166,8 +171,9 @@ def train(msg: Message, context: Context) -> Message:
     round_config = msg.content[CONFIG]
     position, method_state, rebuilt = restore_state(context, client.client_id, round_config)
     if position >= client.stream.num_batches:
-        return Message(RecordDict({METRICS: MetricRecord({"client-id": client.client_id, "exhausted": 1})}),
-                       reply_to=msg)
+        return Message(
+            RecordDict({METRICS: MetricRecord({"client-id": client.client_id, "exhausted": 1})}), reply_to=msg
+        )
     pclip = client.prompted()
     method = client.method(method_state)
     t_model = time.perf_counter()
@@ -209,8 +215,13 @@ def train(msg: Message, context: Context) -> Message:
     }
     upload = [b.detach().cpu().float() for b in result.prompt]
     if client.client_id in attack_clients(str(client.config["attack-clients"])):
-        upload = poisoned_upload(str(client.config["attack"]), upload, prompt, float(client.config["attack-scale"]),
-                                 step_generator(seed + 1, client.client_id, position))
+        upload = poisoned_upload(
+            str(client.config["attack"]),
+            upload,
+            prompt,
+            float(client.config["attack-scale"]),
+            step_generator(seed + 1, client.client_id, position),
+        )
     reply = RecordDict({PROMPT: prompt_to_record(upload), METRICS: MetricRecord(metrics)})
     return Message(reply, reply_to=msg)
 

@@ -65,16 +65,29 @@ class Key:
         return _KIND[type(self.default)] + (f" {bounds}" if bounds else "")
 
 
-STRATEGIES = ("fedrapp", "none-fed", "fedavg", "fedamp", "fedamp-cos", "fedmedian", "fedtrimmedavg", "krum",
-              "domain-oracle")
+STRATEGIES = (
+    "fedrapp",
+    "none-fed",
+    "fedavg",
+    "fedamp",
+    "fedamp-cos",
+    "fedmedian",
+    "fedtrimmedavg",
+    "krum",
+    "domain-oracle",
+)
 LOCAL_METHODS = ("adaprompt", "im", "tpt", "tpt-online", "zeroshot")
 _DATA = DataSpec()  # the data layer owns its defaults
 
 KEYS: tuple[Key, ...] = (
     # --- experiment -------------------------------------------------------------------------------
     Key("seed", 0, "drives partitions, stream order, augmentations, initialisations, client sampling", minimum=0),
-    Key("strategy", "fedrapp", "server rule ('domain-oracle': a testbed-only reference that knows the domains)",
-        choices=STRATEGIES),
+    Key(
+        "strategy",
+        "fedrapp",
+        "server rule ('domain-oracle': a testbed-only reference that knows the domains)",
+        choices=STRATEGIES,
+    ),
     Key("local-method", "adaprompt", "client test-time method", choices=LOCAL_METHODS),
     Key("model", "testbed", "CLIP checkpoint: 'testbed' (shipped), a local folder or a Hugging Face Hub id"),
     Key("device", "auto", "'auto' (CUDA when present), 'cpu', 'cuda' or 'cuda:N'"),
@@ -85,35 +98,61 @@ KEYS: tuple[Key, ...] = (
     Key("resume", False, "continue the run in output-dir/run-name from its last checkpoint (needs run-name)"),
     # --- federation -------------------------------------------------------------------------------
     Key("num-clients", 8, "number of clients (= data partitions)", minimum=1),
-    Key("fraction", 1.0, "share of the available clients sampled each round", minimum=0.0,
-        exclusive_minimum=True, maximum=1.0),
+    Key(
+        "fraction",
+        1.0,
+        "share of the available clients sampled each round",
+        minimum=0.0,
+        exclusive_minimum=True,
+        maximum=1.0,
+    ),
     Key("min-nodes", 0, "nodes to wait for before round 1; 0 = num-clients", minimum=0),
     Key("node-wait-timeout", 300.0, "seconds to wait for min-nodes nodes", minimum=0.0, exclusive_minimum=True),
     Key("round-timeout", 900.0, "seconds to wait for the replies of a round", minimum=0.0, exclusive_minimum=True),
-    Key("max-norm-ratio", 100.0, "an upload whose norm exceeds this multiple of the initial prompt's is rejected",
-        minimum=1.0),
+    Key(
+        "max-norm-ratio",
+        100.0,
+        "an upload whose norm exceeds this multiple of the initial prompt's is rejected",
+        minimum=1.0,
+    ),
     # --- data -------------------------------------------------------------------------------------
     Key("dataset", "testbed", "'testbed' or a dataset preset (see docs/datasets.md)"),
-    Key("data-source", "auto", "where the dataset comes from",
-        choices=("auto", "hf", "webdataset", "coop", "imagefolder", "testbed")),
+    Key(
+        "data-source",
+        "auto",
+        "where the dataset comes from",
+        choices=("auto", "hf", "webdataset", "coop", "imagefolder", "testbed"),
+    ),
     Key("data-dir", "", "local folder of a webdataset, CoOp or image-folder dataset"),
     Key("hf-repo", "", "Hugging Face dataset repo id ('' = the preset's default)"),
     Key("hf-split", "test", "split of the Hugging Face dataset"),
     Key("hf-image-column", _DATA.hf_image_column, "image column ('auto' = the first Image column)"),
     Key("hf-label-column", _DATA.hf_label_column, "label column ('auto' = the first ClassLabel column)"),
     Key("partition", "dirichlet", "how test samples are split over clients", choices=("iid", "dirichlet")),
-    Key("dirichlet-alpha", 0.1, "Dirichlet concentration of the label skew (smaller = more skew)",
-        minimum=0.0, exclusive_minimum=True),
+    Key(
+        "dirichlet-alpha",
+        0.1,
+        "Dirichlet concentration of the label skew (smaller = more skew)",
+        minimum=0.0,
+        exclusive_minimum=True,
+    ),
     Key("min-partition-size", 10, "smallest partition a Dirichlet draw may give a client", minimum=0),
     Key("batch-size", 64, "test samples per client per round", minimum=1),
     Key("max-samples-per-client", 0, "cap on each client's stream; 0 = all", minimum=0),
     Key("testbed-samples", _DATA.testbed_samples, "size of the testbed's test pool (all clients together)", minimum=1),
-    Key("testbed-domains", _DATA.testbed_domains,
-        "testbed shift domains 'name:severity,...'; client i gets domain i mod D ('clean' = none)"),
+    Key(
+        "testbed-domains",
+        _DATA.testbed_domains,
+        "testbed shift domains 'name:severity,...'; client i gets domain i mod D ('clean' = none)",
+    ),
     Key("decode-workers", _DATA.decode_workers, "threads decoding images of a batch (0 = in the caller)", minimum=0),
     # --- adversarial clients (robustness experiments) -----------------------------------------------
-    Key("attack", "none", "what the clients in attack-clients upload instead of their tuned prompt",
-        choices=("none", "random", "scaled")),  # see fedrapp_app/attacks.py
+    Key(
+        "attack",
+        "none",
+        "what the clients in attack-clients upload instead of their tuned prompt",
+        choices=("none", "random", "scaled"),
+    ),  # see fedrapp_app/attacks.py
     Key("attack-clients", "", "comma-separated ids of adversarial clients, e.g. '0,5'"),
     Key("attack-scale", 10.0, "scaled attack: the upload is sent + attack-scale * (tuned - sent)", minimum=0.0),
     # --- local methods ----------------------------------------------------------------------------
@@ -123,18 +162,41 @@ KEYS: tuple[Key, ...] = (
     Key("adaprompt-double-softmax", True, "AdaPrompt reference loss (softmax before cross-entropy)"),
     Key("tpt-lr", 5e-3, "TPT AdamW learning rate", minimum=0.0, exclusive_minimum=True),
     Key("tpt-views", 63, "TPT augmented views per image (plus the original)", minimum=1),
-    Key("tpt-keep-ratio", 0.1, "TPT share of lowest-entropy views kept", minimum=0.0, exclusive_minimum=True,
-        maximum=1.0),
+    Key(
+        "tpt-keep-ratio",
+        0.1,
+        "TPT share of lowest-entropy views kept",
+        minimum=0.0,
+        exclusive_minimum=True,
+        maximum=1.0,
+    ),
     Key("tpt-augmix", False, "TPT: AugMix on top of the random resized crop + flip views"),
     Key("im-lr", 5e-3, "IM (ours) AdamW learning rate", minimum=0.0, exclusive_minimum=True),
-    Key("im-diversity-weight", 1.0, "IM weight of the diversity term (0 = plain entropy minimisation, which collapses)",
-        minimum=0.0),
-    Key("im-marginal", "batch", "IM diversity term: 'batch' = entropy of the batch-mean prediction, 'ema' = "
-        "against a running marginal kept on the client", choices=("batch", "ema")),
-    Key("im-ema-momentum", 0.5, "IM weight of the past in the running marginal (im-marginal = 'ema')",
-        minimum=0.0, maximum=0.999),
-    Key("csc", False, "class-specific context (ours): one context per class (CoOp's CSC) in tpt, tpt-online, "
-        "adaprompt, im"),
+    Key(
+        "im-diversity-weight",
+        1.0,
+        "IM weight of the diversity term (0 = plain entropy minimisation, which collapses)",
+        minimum=0.0,
+    ),
+    Key(
+        "im-marginal",
+        "batch",
+        "IM diversity term: 'batch' = entropy of the batch-mean prediction, 'ema' = "
+        "against a running marginal kept on the client",
+        choices=("batch", "ema"),
+    ),
+    Key(
+        "im-ema-momentum",
+        0.5,
+        "IM weight of the past in the running marginal (im-marginal = 'ema')",
+        minimum=0.0,
+        maximum=0.999,
+    ),
+    Key(
+        "csc",
+        False,
+        "class-specific context (ours): one context per class (CoOp's CSC) in tpt, tpt-online, adaprompt, im",
+    ),
     # --- FedRAPP (SPEC §4) and FedAMP (SPEC §5) ---------------------------------------------------
     Key("lambda-drop", 1.0, "FedRAPP weight of the entropy drop H_pre - H_post in the reliability", minimum=0.0),
     Key("lambda-ent", 0.5, "FedRAPP weight of the post-adaptation entropy in the reliability", minimum=0.0),
@@ -144,17 +206,31 @@ KEYS: tuple[Key, ...] = (
     Key("tau", 0.2, "FedRAPP temperature of the peer weights", minimum=0.0, exclusive_minimum=True),
     Key("gamma0", 0.3, "FedRAPP base share of the peers in the personalized prompt", minimum=0.0, maximum=1.0),
     Key("gamma-max", 0.8, "FedRAPP cap of the peers' share", minimum=0.0, maximum=1.0),
-    Key("update-clip", 0.0, "FedRAPP (ours): memories and peer mixing use each update clipped to this multiple "
-        "of the round's median update norm; the reliability still sees the raw update (0 = off)", minimum=0.0),
-    Key("fedamp-sigma", 1.0, "FedAMP kernel scale sigma of exp(-||Pi - Pj||^2 / sigma)", minimum=0.0,
-        exclusive_minimum=True),
+    Key(
+        "update-clip",
+        0.0,
+        "FedRAPP (ours): memories and peer mixing use each update clipped to this multiple "
+        "of the round's median update norm; the reliability still sees the raw update (0 = off)",
+        minimum=0.0,
+    ),
+    Key(
+        "fedamp-sigma",
+        1.0,
+        "FedAMP kernel scale sigma of exp(-||Pi - Pj||^2 / sigma)",
+        minimum=0.0,
+        exclusive_minimum=True,
+    ),
     Key("fedamp-self-min", 0.1, "FedAMP smallest self weight xi_ii", minimum=0.0, maximum=1.0),
     Key("trimmed-beta", 0.2, "FedTrimmedAvg share cut at each end", minimum=0.0, maximum=0.49),
     Key("krum-malicious", 1.0, "Krum: number of adversarial clients tolerated", minimum=0.0),
-    Key("fedamp-cos-sigma", 10.0, "HeurFedAMP (fedamp-cos) sharpness of exp(sigma * cos)", minimum=0.0,
-        exclusive_minimum=True),
-    Key("fedamp-cos-self-weight", 0.5, "HeurFedAMP (fedamp-cos) fixed self weight xi_ii", minimum=0.0,
-        maximum=1.0),
+    Key(
+        "fedamp-cos-sigma",
+        10.0,
+        "HeurFedAMP (fedamp-cos) sharpness of exp(sigma * cos)",
+        minimum=0.0,
+        exclusive_minimum=True,
+    ),
+    Key("fedamp-cos-self-weight", 0.5, "HeurFedAMP (fedamp-cos) fixed self weight xi_ii", minimum=0.0, maximum=1.0),
 )
 
 KEY_BY_NAME: dict[str, Key] = {k.name: k for k in KEYS}
@@ -162,7 +238,7 @@ DEFAULTS: dict[str, Scalar] = {k.name: k.default for k in KEYS}
 
 
 def _problem(key: str, value: Any, why: str) -> str:
-    return f"  {key} = {value!r}: {why} (fix: -c \"{key}=<value>\" or edit [tool.flwr.app.config])"
+    return f'  {key} = {value!r}: {why} (fix: -c "{key}=<value>" or edit [tool.flwr.app.config])'
 
 
 def check_values(run_config: Mapping[str, Any]) -> dict[str, Scalar]:
@@ -200,22 +276,32 @@ def _check_combinations(v: Mapping[str, Scalar]) -> None:
     if v["gamma0"] > v["gamma-max"]:
         problems.append(_problem("gamma0", v["gamma0"], f"cannot exceed gamma-max = {v['gamma-max']}"))
     if v["resume"] and not v["run-name"]:
-        problems.append(_problem("resume", True, "needs the run-name of the run to continue (derived names "
-                                 "carry a start time); set -c \"run-name='<name>'\""))
+        problems.append(
+            _problem(
+                "resume",
+                True,
+                "needs the run-name of the run to continue (derived names "
+                "carry a start time); set -c \"run-name='<name>'\"",
+            )
+        )
     if v["model"] == "testbed" and v["dataset"] != "testbed":
-        problems.append(_problem(
-            "model", v["model"],
-            f"the testbed CLIP only knows the testbed world's words, not dataset {v['dataset']!r}; "
-            "use a real CLIP such as model=\"openai/clip-vit-base-patch16\"",
-        ))
+        problems.append(
+            _problem(
+                "model",
+                v["model"],
+                f"the testbed CLIP only knows the testbed world's words, not dataset {v['dataset']!r}; "
+                'use a real CLIP such as model="openai/clip-vit-base-patch16"',
+            )
+        )
     try:
         attackers = attack_clients(str(v["attack-clients"]))
     except ValueError:
         problems.append(_problem("attack-clients", v["attack-clients"], "must be comma-separated client ids"))
     else:
         if any(not 0 <= c < v["num-clients"] for c in attackers):
-            problems.append(_problem("attack-clients", v["attack-clients"],
-                                     f"ids must be in 0..{v['num-clients'] - 1}"))
+            problems.append(
+                _problem("attack-clients", v["attack-clients"], f"ids must be in 0..{v['num-clients'] - 1}")
+            )
         if attackers and v["attack"] == "none":
             problems.append(_problem("attack", "none", "attack-clients is set: choose 'random' or 'scaled'"))
     device = str(v["device"])
@@ -227,22 +313,44 @@ def _check_combinations(v: Mapping[str, Scalar]) -> None:
 
 #: Run-config keys of each local method's hyperparameters -> the method's parameter names.
 METHOD_KEYS: dict[str, dict[str, str]] = {
-    "adaprompt": {"adaprompt-lr": "lr", "adaprompt-threshold": "threshold",
-                  "adaprompt-buffer-size": "buffer_size", "adaprompt-double-softmax": "double_softmax",
-                  "csc": "csc"},
-    "tpt": {"tpt-lr": "lr", "tpt-views": "n_views", "tpt-keep-ratio": "keep_ratio", "tpt-augmix": "augmix",
-            "csc": "csc"},
-    "im": {"im-lr": "lr", "im-diversity-weight": "diversity_weight", "im-marginal": "marginal",
-           "im-ema-momentum": "ema_momentum", "csc": "csc"},
+    "adaprompt": {
+        "adaprompt-lr": "lr",
+        "adaprompt-threshold": "threshold",
+        "adaprompt-buffer-size": "buffer_size",
+        "adaprompt-double-softmax": "double_softmax",
+        "csc": "csc",
+    },
+    "tpt": {
+        "tpt-lr": "lr",
+        "tpt-views": "n_views",
+        "tpt-keep-ratio": "keep_ratio",
+        "tpt-augmix": "augmix",
+        "csc": "csc",
+    },
+    "im": {
+        "im-lr": "lr",
+        "im-diversity-weight": "diversity_weight",
+        "im-marginal": "marginal",
+        "im-ema-momentum": "ema_momentum",
+        "csc": "csc",
+    },
     "zeroshot": {},
 }
 METHOD_KEYS["tpt-online"] = METHOD_KEYS["tpt"]
 
 #: Run-config keys of each server rule's hyperparameters -> the rule's parameter names.
 RULE_KEYS: dict[str, dict[str, str]] = {
-    "fedrapp": {"lambda-drop": "lambda_drop", "lambda-ent": "lambda_ent", "lambda-drift": "lambda_drift",
-                "mu0": "mu0", "eta": "eta", "tau": "tau", "gamma0": "gamma0", "gamma-max": "gamma_max",
-                "update-clip": "update_clip"},
+    "fedrapp": {
+        "lambda-drop": "lambda_drop",
+        "lambda-ent": "lambda_ent",
+        "lambda-drift": "lambda_drift",
+        "mu0": "mu0",
+        "eta": "eta",
+        "tau": "tau",
+        "gamma0": "gamma0",
+        "gamma-max": "gamma_max",
+        "update-clip": "update_clip",
+    },
     "none-fed": {},
     "fedavg": {},
     "fedamp": {"fedamp-sigma": "sigma", "fedamp-self-min": "min_self_weight"},
@@ -255,12 +363,23 @@ RULE_KEYS: dict[str, dict[str, str]] = {
 
 #: Run-config keys of the data layer -> DataSpec fields.
 DATA_KEYS: dict[str, str] = {
-    "dataset": "dataset", "data-source": "source", "data-dir": "data_dir", "hf-repo": "hf_repo",
-    "hf-split": "hf_split", "hf-image-column": "hf_image_column", "hf-label-column": "hf_label_column",
-    "num-clients": "num_clients", "partition": "partition", "dirichlet-alpha": "dirichlet_alpha",
-    "min-partition-size": "min_partition_size", "seed": "seed", "batch-size": "batch_size",
-    "max-samples-per-client": "max_samples_per_client", "testbed-samples": "testbed_samples",
-    "testbed-domains": "testbed_domains", "decode-workers": "decode_workers",
+    "dataset": "dataset",
+    "data-source": "source",
+    "data-dir": "data_dir",
+    "hf-repo": "hf_repo",
+    "hf-split": "hf_split",
+    "hf-image-column": "hf_image_column",
+    "hf-label-column": "hf_label_column",
+    "num-clients": "num_clients",
+    "partition": "partition",
+    "dirichlet-alpha": "dirichlet_alpha",
+    "min-partition-size": "min_partition_size",
+    "seed": "seed",
+    "batch-size": "batch_size",
+    "max-samples-per-client": "max_samples_per_client",
+    "testbed-samples": "testbed_samples",
+    "testbed-domains": "testbed_domains",
+    "decode-workers": "decode_workers",
 }
 
 
@@ -352,8 +471,10 @@ def markdown_table() -> str:
 
 def pyproject_block() -> str:
     """The ``[tool.flwr.app.config]`` table (``python -m fedrapp_app.config --pyproject`` prints it)."""
-    lines = ["[tool.flwr.app.config]",
-             "# Every knob of a run; override with `flwr run . -c \"k=v\"` or `-c file.toml` (see the README's table)."]
+    lines = [
+        "[tool.flwr.app.config]",
+        '# Every knob of a run; override with `flwr run . -c "k=v"` or `-c file.toml` (see the README\'s table).',
+    ]
     for k in KEYS:
         assignment = f"{k.name} = {toml_literal(k.default)}"
         lines.append(assignment.ljust(max(len(assignment) + 2, 50)) + f"# {k.help}")

@@ -36,13 +36,12 @@ class InProcessGrid(Grid):
         node_configs: list[dict[str, Any]] | None = None,
         run_id: int = 1,
     ) -> None:
-        node_configs = node_configs or [
-            {"partition-id": i, "num-partitions": num_nodes} for i in range(num_nodes)
-        ]
+        node_configs = node_configs or [{"partition-id": i, "num-partitions": num_nodes} for i in range(num_nodes)]
         self.client_app = client_app
         self.contexts = {
-            1000 + i: Context(run_id=run_id, node_id=1000 + i, node_config=cfg, state=RecordDict(),
-                              run_config=dict(run_config))
+            1000 + i: Context(
+                run_id=run_id, node_id=1000 + i, node_config=cfg, state=RecordDict(), run_config=dict(run_config)
+            )
             for i, cfg in enumerate(node_configs)
         }
         self.drop: Callable[[Message], bool] = lambda message: False
@@ -58,8 +57,9 @@ class InProcessGrid(Grid):
     def run(self) -> Run:  # noqa: D102 - Grid API
         return self._run
 
-    def create_message(self, content: RecordDict, message_type: str, dst_node_id: int, group_id: str,
-                       ttl: float | None = None) -> Message:  # noqa: D102 - Grid API
+    def create_message(
+        self, content: RecordDict, message_type: str, dst_node_id: int, group_id: str, ttl: float | None = None
+    ) -> Message:  # noqa: D102 - Grid API
         return Message(content, dst_node_id=dst_node_id, message_type=message_type, ttl=ttl, group_id=group_id)
 
     def get_node_ids(self) -> Iterable[int]:  # noqa: D102 - Grid API

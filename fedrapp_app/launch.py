@@ -77,8 +77,12 @@ def contained_env(flwr_home: Path) -> dict[str, str]:
     env.setdefault("FLWR_HOME", str(flwr_home))
     env.setdefault("RAY_TMPDIR", str(Path(tempfile.gettempdir()) / f"fedrapp-ray-{os.getuid()}"))
     env.setdefault("UV_CACHE_DIR", str(Path(env["FLWR_HOME"]) / "uv-cache"))
-    env.update(FLWR_TELEMETRY_ENABLED="0", FLWR_DISABLE_UPDATE_CHECK="1",
-               FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION="1", RAY_DEDUP_LOGS="0")
+    env.update(
+        FLWR_TELEMETRY_ENABLED="0",
+        FLWR_DISABLE_UPDATE_CHECK="1",
+        FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION="1",
+        RAY_DEDUP_LOGS="0",
+    )
     return env
 
 
@@ -122,8 +126,9 @@ def stop_process_group(process: subprocess.Popen) -> None:
 
 def run_status(env: dict[str, str], cwd: Path, connection: str = CONNECTION) -> dict:
     """The latest run of the SuperLink behind ``connection``, as ``flwr list --format json`` reports it."""
-    out = subprocess.run(["flwr", "list", connection, "--format", "json"], env=env, cwd=cwd,
-                         capture_output=True, text=True, timeout=60)
+    out = subprocess.run(
+        ["flwr", "list", connection, "--format", "json"], env=env, cwd=cwd, capture_output=True, text=True, timeout=60
+    )
     try:
         runs = json.loads(out.stdout)["runs"]
     except (json.JSONDecodeError, KeyError) as err:
@@ -136,11 +141,20 @@ def run_status(env: dict[str, str], cwd: Path, connection: str = CONNECTION) -> 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="fedrapp-sim", description=__doc__.split("\n\n")[0])
     parser.add_argument("app", nargs="?", default=".", help="the app folder (holding pyproject.toml)")
-    parser.add_argument("-c", "--run-config", action="append", default=[],
-                        help="override: 'k=v k2=v2' or a .toml file (repeatable), as for flwr run")
+    parser.add_argument(
+        "-c",
+        "--run-config",
+        action="append",
+        default=[],
+        help="override: 'k=v k2=v2' or a .toml file (repeatable), as for flwr run",
+    )
     parser.add_argument("--cpus-per-client", type=int, default=1, help="CPU cores per simulated client")
-    parser.add_argument("--gpus-per-client", type=float, default=0.0,
-                        help="GPU share per simulated client, e.g. 0.25 puts four clients on one GPU")
+    parser.add_argument(
+        "--gpus-per-client",
+        type=float,
+        default=0.0,
+        help="GPU share per simulated client, e.g. 0.25 puts four clients on one GPU",
+    )
     parser.add_argument("--flwr-home", default=None, help="Flower's home (default: <app>/.flwr-home)")
     args = parser.parse_args(argv)
 
@@ -166,19 +180,44 @@ def main(argv: list[str] | None = None) -> int:
     neutral = Path(tempfile.mkdtemp(prefix="fedrapp-superlink-"))
     log_path = Path(env["FLWR_HOME"]) / "superlink.log"
     superlink = subprocess.Popen(
-        ["flower-superlink", "--insecure", "--simulation", "--disable-runtime-dependency-installation",
-         "--host", "127.0.0.1", "--port", str(port), "--log-file", str(log_path)],
-        cwd=neutral, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+        [
+            "flower-superlink",
+            "--insecure",
+            "--simulation",
+            "--disable-runtime-dependency-installation",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--log-file",
+            str(log_path),
+        ],
+        cwd=neutral,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
     )
     try:
         wait_healthy(port, superlink)
         write_connection(env, CONNECTION, f"127.0.0.1:{port}")
-        federation = (f"num-supernodes={num_clients} client-resources-num-cpus={args.cpus_per_client} "
-                      f"client-resources-num-gpus={args.gpus_per_client}")
+        federation = (
+            f"num-supernodes={num_clients} client-resources-num-cpus={args.cpus_per_client} "
+            f"client-resources-num-gpus={args.gpus_per_client}"
+        )
         # flwr run refuses a .toml file beside k=v pairs: pass the merged config as k=v pairs.
         merged = {**values, **forced}
-        command = ["flwr", "run", str(app_dir), CONNECTION, "--stream", "--federation-config", federation,
-                   "-c", " ".join(f"{k}={toml_value(v)}" for k, v in merged.items())]
+        command = [
+            "flwr",
+            "run",
+            str(app_dir),
+            CONNECTION,
+            "--stream",
+            "--federation-config",
+            federation,
+            "-c",
+            " ".join(f"{k}={toml_value(v)}" for k, v in merged.items()),
+        ]
         print(f"fedrapp-sim: SuperLink pid {superlink.pid} on 127.0.0.1:{port} (log {log_path})", flush=True)
         subprocess.run(command, cwd=neutral, env=env, check=False)
         status = run_status(env, neutral)
@@ -192,17 +231,22 @@ def main(argv: list[str] | None = None) -> int:
         stop_process_group(superlink)
 
     if status.get("status") != "finished:completed":
-        print(f"fedrapp-sim: run {status.get('run-id')} ended as {status.get('status')}: "
-              f"{status.get('status-details')} (SuperLink log: {log_path})", file=sys.stderr)
+        print(
+            f"fedrapp-sim: run {status.get('run-id')} ended as {status.get('status')}: "
+            f"{status.get('status-details')} (SuperLink log: {log_path})",
+            file=sys.stderr,
+        )
         return 1
     summary_path = run_dir / "summary.json"
     if not summary_path.is_file():
         print(f"fedrapp-sim: the run completed but wrote no {summary_path}", file=sys.stderr)
         return 1
     summary = json.loads(summary_path.read_text())
-    print(f"fedrapp-sim: done. online accuracy micro {100 * summary['micro_accuracy']:.2f}% "
-          f"macro {100 * summary['macro_accuracy']:.2f}% over {summary['samples']} samples in "
-          f"{summary['rounds']} rounds; results in {run_dir}")
+    print(
+        f"fedrapp-sim: done. online accuracy micro {100 * summary['micro_accuracy']:.2f}% "
+        f"macro {100 * summary['macro_accuracy']:.2f}% over {summary['samples']} samples in "
+        f"{summary['rounds']} rounds; results in {run_dir}"
+    )
     return 0
 
 

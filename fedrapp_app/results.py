@@ -46,9 +46,12 @@ def provenance() -> dict[str, Any]:
 
 def git_state(folder: Path) -> dict[str, Any]:
     """Commit and dirty flag of the checkout holding ``folder``; commit None for a non-git install."""
+
     def git(*args: str) -> str:
-        return subprocess.run(["git", "-C", str(folder), *args], capture_output=True, text=True,
-                              timeout=10, check=True).stdout.strip()
+        return subprocess.run(
+            ["git", "-C", str(folder), *args], capture_output=True, text=True, timeout=10, check=True
+        ).stdout.strip()
+
     try:
         return {"commit": git("rev-parse", "HEAD"), "dirty": bool(git("status", "--porcelain", "--", "."))}
     except (OSError, subprocess.SubprocessError):
@@ -93,8 +96,9 @@ class RunRecorder:
             rows = [json.loads(line) for line in self.rounds_path.read_text().splitlines() if line.strip()]
             kept = [r for r in rows if r["round"] <= resume_after]
         else:
-            write_json_atomic(self.run_dir / "config.json",
-                              {"config": config, **self.provenance, "started": self.started})
+            write_json_atomic(
+                self.run_dir / "config.json", {"config": config, **self.provenance, "started": self.started}
+            )
         tmp = self.rounds_path.with_name(self.rounds_path.name + ".tmp")
         tmp.write_text("".join(json.dumps(r, default=_json_default) + "\n" for r in kept))
         os.replace(tmp, self.rounds_path)
@@ -123,8 +127,10 @@ class RunRecorder:
             before = sum(r["correct_before"] for r in ok) / n
             h_pre = np.mean([r["h_pre"] for r in ok])
             h_post = np.mean([r["h_post"] for r in ok])
-            line += (f" | acc {100 * acc:.1f}% (received prompt {100 * before:.1f}%)"
-                     f" | H {h_pre:.3f}->{h_post:.3f} | online so far {100 * self.micro():.2f}%")
+            line += (
+                f" | acc {100 * acc:.1f}% (received prompt {100 * before:.1f}%)"
+                f" | H {h_pre:.3f}->{h_post:.3f} | online so far {100 * self.micro():.2f}%"
+            )
         line += f" | {seconds:.1f}s"
         return line
 

@@ -55,20 +55,27 @@ def _row(row: ClientRow, report: RoundReport) -> dict[str, Any]:
     if report.output is not None:
         d = report.output.diagnostics
         peers = {int(j): float(w) for j, w in enumerate(d.peer_weights[c]) if w > 0}
-        out.update(update_norm=float(d.update_norm[c]), informative=bool(d.informative[c]), r=float(d.r[c]),
-                   mu=float(d.mu[c]), gamma=float(d.gamma[c]), peer_weights=peers)
+        out.update(
+            update_norm=float(d.update_norm[c]),
+            informative=bool(d.informative[c]),
+            r=float(d.r[c]),
+            mu=float(d.mu[c]),
+            gamma=float(d.gamma[c]),
+            peer_weights=peers,
+        )
     out["client_metrics"] = report_metrics
     return out
 
 
 def _resumable(config: RunConfig, checkpoint: ServerCheckpoint) -> None:
     """A resumed run must be the same experiment: only ``RESUMABLE_KEYS`` may differ."""
-    changed = sorted(k for k, v in config.values.items()
-                     if k not in RESUMABLE_KEYS and checkpoint.config.get(k) != v)
+    changed = sorted(k for k, v in config.values.items() if k not in RESUMABLE_KEYS and checkpoint.config.get(k) != v)
     if changed:
         details = ", ".join(f"{k}: {checkpoint.config.get(k)!r} -> {config[k]!r}" for k in changed)
-        raise ConfigError(f"invalid run config:\n  resume = true, but the run differs from the checkpointed one "
-                          f"({details}); only {sorted(RESUMABLE_KEYS)} may change")
+        raise ConfigError(
+            f"invalid run config:\n  resume = true, but the run differs from the checkpointed one "
+            f"({details}); only {sorted(RESUMABLE_KEYS)} may change"
+        )
 
 
 def run_server(
@@ -92,9 +99,14 @@ def run_server(
     token = checkpoint.token if checkpoint else new_run_token()
     rule, rule_params = config.rule_params()
     strategy = PersonalizedPromptStrategy(
-        rule, rule_params, num_clients=int(config["num-clients"]), fraction=float(config["fraction"]),
-        min_nodes=int(config["min-nodes"]), node_wait_timeout=float(config["node-wait-timeout"]),
-        seed=int(config["seed"]), max_norm_ratio=float(config["max-norm-ratio"]),
+        rule,
+        rule_params,
+        num_clients=int(config["num-clients"]),
+        fraction=float(config["fraction"]),
+        min_nodes=int(config["min-nodes"]),
+        node_wait_timeout=float(config["node-wait-timeout"]),
+        seed=int(config["seed"]),
+        max_norm_ratio=float(config["max-norm-ratio"]),
         client_config={"run-token": token, "state-dir": str(recorder.run_dir / CLIENT_STATE_DIR)},
     )
     strategy.summary()
@@ -135,8 +147,12 @@ def run_server(
     log.info(
         "FedRAPP run finished: %d rounds, %d samples, online accuracy micro %.2f%% / macro %.2f%% "
         "(received prompt, before adaptation: %.2f%%); results in %s",
-        summary["rounds"], summary["samples"], 100 * summary["micro_accuracy"],
-        100 * summary["macro_accuracy"], 100 * summary["micro_accuracy_received_prompt"], recorder.run_dir,
+        summary["rounds"],
+        summary["samples"],
+        100 * summary["micro_accuracy"],
+        100 * summary["macro_accuracy"],
+        100 * summary["micro_accuracy_received_prompt"],
+        recorder.run_dir,
     )
     return summary
 

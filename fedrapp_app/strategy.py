@@ -61,8 +61,14 @@ class ServerState:
     def initial(cls, p0: np.ndarray, num_clients: int, seed: int) -> ServerState:
         """Every client starts from the same initial prompt P0 [d]."""
         tiled = np.tile(p0.astype(np.float32), (num_clients, 1))
-        return cls(tiled.copy(), tiled.copy(), np.zeros(num_clients, bool), np.full(num_clients, -1),
-                   0, np.random.default_rng(seed))
+        return cls(
+            tiled.copy(),
+            tiled.copy(),
+            np.zeros(num_clients, bool),
+            np.full(num_clients, -1),
+            0,
+            np.random.default_rng(seed),
+        )
 
 
 @dataclass
@@ -135,9 +141,7 @@ class PersonalizedPromptStrategy(Strategy):
     @property
     def finished(self) -> bool:
         """True once every known client's stream has ended."""
-        return self.state is not None and len(self.node_of) > 0 and bool(
-            self.state.exhausted[list(self.node_of)].all()
-        )
+        return self.state is not None and len(self.node_of) > 0 and bool(self.state.exhausted[list(self.node_of)].all())
 
     def connect(self, grid: Grid) -> None:
         """Wait (bounded) until ``min_nodes`` clients answered discovery; fail fast if every node fails."""
@@ -174,8 +178,9 @@ class PersonalizedPromptStrategy(Strategy):
         if not unknown:
             return
         queries = [
-            Message(RecordDict({CONFIG: ConfigRecord({"seed": self.seed})}), dst_node_id=n,
-                    message_type=MessageType.QUERY)
+            Message(
+                RecordDict({CONFIG: ConfigRecord({"seed": self.seed})}), dst_node_id=n, message_type=MessageType.QUERY
+            )
             for n in unknown
         ]
         replies = grid.send_and_receive(queries, timeout=timeout or self.node_wait_timeout)
@@ -223,15 +228,24 @@ class PersonalizedPromptStrategy(Strategy):
             self.state.positions[client] = int(info["position"])
         if int(info["position"]) >= int(info["num-batches"]):
             self.state.exhausted[client] = True
-        log.info("node %s serves client %d (%s batches, at %s)", node, client, info["num-batches"],
-                 info["position"])
+        log.info("node %s serves client %d (%s batches, at %s)", node, client, info["num-batches"], info["position"])
 
     # ---------------------------------------------------------------- checkpoints
     def checkpoint(self, token: str, config: dict) -> ServerCheckpoint:
         """The whole server state after the last round (see ``fedrapp_app.checkpoint``)."""
         st = self.state
-        return ServerCheckpoint(st.round, st.memory, st.sent, st.exhausted, st.positions, self.p0, self.shapes,
-                                st.rng.bit_generator.state, token, config)
+        return ServerCheckpoint(
+            st.round,
+            st.memory,
+            st.sent,
+            st.exhausted,
+            st.positions,
+            self.p0,
+            self.shapes,
+            st.rng.bit_generator.state,
+            token,
+            config,
+        )
 
     def restore(self, checkpoint: ServerCheckpoint) -> None:
         """Continue from ``checkpoint`` (after ``connect``: the clients' initial prompt must match)."""
@@ -265,10 +279,21 @@ class PersonalizedPromptStrategy(Strategy):
         self._messages = []
         for client in self.sample():
             prompt = prompt_to_record(unflatten(self.state.sent[client], self.shapes))
-            cfg = ConfigRecord({**dict(config), **self.client_config, "server-round": server_round,
-                                "client-id": client, "stream-position": int(self.state.positions[client])})
-            msg = Message(RecordDict({PROMPT: prompt, CONFIG: cfg}), dst_node_id=self.node_of[client],
-                          message_type=MessageType.TRAIN, group_id=str(server_round))
+            cfg = ConfigRecord(
+                {
+                    **dict(config),
+                    **self.client_config,
+                    "server-round": server_round,
+                    "client-id": client,
+                    "stream-position": int(self.state.positions[client]),
+                }
+            )
+            msg = Message(
+                RecordDict({PROMPT: prompt, CONFIG: cfg}),
+                dst_node_id=self.node_of[client],
+                message_type=MessageType.TRAIN,
+                group_id=str(server_round),
+            )
             self._messages.append((msg, client))
         return [m for m, _ in self._messages]
 
@@ -299,8 +324,13 @@ class PersonalizedPromptStrategy(Strategy):
         output = self._apply_rule(uploads) if uploads else None
         aggregate_seconds = time.monotonic() - t0
         self.state.round = server_round
-        self.last_report = RoundReport(server_round, [rows[c] for c in sorted(rows)], output,
-                                       time.monotonic() - self._round_start, aggregate_seconds)
+        self.last_report = RoundReport(
+            server_round,
+            [rows[c] for c in sorted(rows)],
+            output,
+            time.monotonic() - self._round_start,
+            aggregate_seconds,
+        )
         metrics = MetricRecord({"replied": len(uploads), "sampled": len(rows)})
         return None, metrics
 
@@ -361,5 +391,9 @@ class PersonalizedPromptStrategy(Strategy):
         """Log the strategy's settings."""
         log.info(
             "PersonalizedPromptStrategy: %s, clients=%d, fraction=%g, min-nodes=%d, seed=%d",
-            self.rule.summary(), self.num_clients, self.fraction, self.min_nodes, self.seed,
+            self.rule.summary(),
+            self.num_clients,
+            self.fraction,
+            self.min_nodes,
+            self.seed,
         )

@@ -52,8 +52,7 @@ def random_images(count: int, seed: int = 0, size: tuple[int, int] = (40, 48), m
     """``count`` seeded random-noise PIL images of ``size`` (width, height) converted to ``mode``."""
     rng = np.random.default_rng(seed)
     return [
-        Image.fromarray(rng.integers(0, 256, (size[1], size[0], 3), dtype=np.uint8)).convert(mode)
-        for _ in range(count)
+        Image.fromarray(rng.integers(0, 256, (size[1], size[0], 3), dtype=np.uint8)).convert(mode) for _ in range(count)
     ]
 
 

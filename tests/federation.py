@@ -22,9 +22,17 @@ def small_run(model_dir: Path, out_dir: Path, **overrides: Any) -> dict[str, Any
     to make it update (and the prompt move) from the first round.
     """
     return {
-        "model": str(model_dir), "num-clients": 3, "testbed-samples": 240, "batch-size": 16, "num-rounds": 3,
-        "adaprompt-threshold": 0.0, "adaprompt-buffer-size": 16, "output-dir": str(out_dir),
-        "run-name": "run", "decode-workers": 0, **overrides,
+        "model": str(model_dir),
+        "num-clients": 3,
+        "testbed-samples": 240,
+        "batch-size": 16,
+        "num-rounds": 3,
+        "adaprompt-threshold": 0.0,
+        "adaprompt-buffer-size": 16,
+        "output-dir": str(out_dir),
+        "run-name": "run",
+        "decode-workers": 0,
+        **overrides,
     }
 
 
@@ -40,7 +48,8 @@ class SpyGrid(InProcessGrid):
         for m in messages:
             if m.metadata.message_type == "train":
                 self.sent[(int(m.metadata.group_id), m.metadata.dst_node_id)] = flatten(
-                    record_to_prompt(m.content[PROMPT]))
+                    record_to_prompt(m.content[PROMPT])
+                )
         return super().push_messages(messages)
 
 

@@ -24,12 +24,8 @@ def test_none_fed_continues_from_each_upload() -> None:
     kw = synthetic_round(np.random.default_rng(0), 6, 9)
     out = none_fed_round(**kw)
     r = kw["replied"]
-    assert np.array_equal(out.memory[r], kw["tuned"][r]) and np.array_equal(
-        out.personalized[r], kw["tuned"][r]
-    )
-    assert np.array_equal(out.memory[~r], kw["memory"][~r]) and np.array_equal(
-        out.personalized[~r], kw["sent"][~r]
-    )
+    assert np.array_equal(out.memory[r], kw["tuned"][r]) and np.array_equal(out.personalized[r], kw["tuned"][r])
+    assert np.array_equal(out.memory[~r], kw["memory"][~r]) and np.array_equal(out.personalized[~r], kw["sent"][~r])
     assert out.diagnostics.xi is None and not out.diagnostics.gamma.any()
 
 
@@ -57,9 +53,7 @@ def test_fedavg_matches_numpy_average_on_random_rounds() -> None:
     np.testing.assert_allclose(out.diagnostics.xi.sum(axis=1), 1.0)
 
 
-@pytest.mark.parametrize(
-    ("counts", "match"), [([0.0, 0.0], "positive total"), ([1.0, -2.0], "finite and >= 0")]
-)
+@pytest.mark.parametrize(("counts", "match"), [([0.0, 0.0], "positive total"), ([1.0, -2.0], "finite and >= 0")])
 def test_fedavg_rejects_unusable_example_counts(counts, match) -> None:
     kw = synthetic_round(np.random.default_rng(2), 2, 3, reply_prob=1.0)
     with pytest.raises(ValueError, match=match):
@@ -68,9 +62,7 @@ def test_fedavg_rejects_unusable_example_counts(counts, match) -> None:
 
 # ------------------------------------------------------------------------------------------------- fedamp
 @settings(max_examples=80, deadline=None)
-@given(
-    seed=st.integers(0, 2**32 - 1), n=st.integers(1, 9), sigma=st.floats(1e-4, 100), step=st.floats(1e-4, 1)
-)
+@given(seed=st.integers(0, 2**32 - 1), n=st.integers(1, 9), sigma=st.floats(1e-4, 100), step=st.floats(1e-4, 1))
 def test_fedamp_weights_are_a_distribution_with_enough_self_weight(seed, n, sigma, step) -> None:
     kw = synthetic_round(np.random.default_rng(seed), n, 7, step=step)
     out = fedamp_round(**kw, params=FedAMPParams(sigma=sigma))
@@ -135,9 +127,7 @@ def test_fedamp_distances_stay_accurate_for_prompts_far_from_the_origin() -> Non
     rng = np.random.default_rng(7)
     tuned = (1000.0 + rng.normal(0, 0.005, size=(5, 40))).astype(np.float32)
     kw = {"sent": tuned, "memory": tuned, "h_pre": np.ones(5), "h_post": np.ones(5)}
-    xi = fedamp_round(
-        tuned, **kw, replied=np.ones(5, bool), num_examples=np.ones(5), params=FedAMPParams(sigma=1e-4)
-    )
+    xi = fedamp_round(tuned, **kw, replied=np.ones(5, bool), num_examples=np.ones(5), params=FedAMPParams(sigma=1e-4))
     t = tuned.astype(np.float64)
     for i, j in [(0, 1), (2, 4), (3, 0)]:
         d2 = float(np.sum((t[i] - t[j]) ** 2))

@@ -134,8 +134,9 @@ def rounds(draw: st.DrawFn) -> dict[str, np.ndarray]:
 @pytest.mark.parametrize("seed", range(12))
 def test_matches_the_reference_transcription_of_spec(seed: int, update_clip: float) -> None:
     rng = np.random.default_rng(seed)
-    p = FedRAPPParams(tau=float(rng.uniform(0.1, 1.0)), gamma0=0.5, gamma_max=0.7, lambda_drop=1.3,
-                      update_clip=update_clip)
+    p = FedRAPPParams(
+        tau=float(rng.uniform(0.1, 1.0)), gamma0=0.5, gamma_max=0.7, lambda_drop=1.3, update_clip=update_clip
+    )
     kw = next_round(rng, *(synthetic_round(rng, 9, 11)[k] for k in ("memory", "sent")))
     out = fedrapp_round(**kw, params=p)
     memory, personalized, weights = reference_fedrapp(kw, p)
@@ -213,9 +214,7 @@ def test_weights_are_a_distribution_and_prompts_convex_combinations_of_memories(
     rows = replied
     np.testing.assert_allclose(out.personalized[rows], (coeffs @ memory)[rows], rtol=0, atol=1e-6 * scale)
     lo, hi = memory.min(axis=0), memory.max(axis=0)
-    assert (out.personalized[rows] >= lo - 1e-6 * scale).all() and (
-        out.personalized[rows] <= hi + 1e-6 * scale
-    ).all()
+    assert (out.personalized[rows] >= lo - 1e-6 * scale).all() and (out.personalized[rows] <= hi + 1e-6 * scale).all()
 
 
 @pytest.mark.parametrize("seed", range(6))

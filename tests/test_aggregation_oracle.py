@@ -31,7 +31,8 @@ def test_a_domain_without_replies_is_untouched():
     memory = sent + 100
     replied = np.array([True, True, False, False])
     out = make_rule("domain-oracle", {"groups": (0, 0, 1, 1)})(
-        sent + 1, sent, memory, np.ones(4), np.ones(4), replied, np.ones(4))
+        sent + 1, sent, memory, np.ones(4), np.ones(4), replied, np.ones(4)
+    )
     np.testing.assert_array_equal(out.personalized[2:], sent[2:])
     np.testing.assert_array_equal(out.memory[2:], memory[2:])
 
@@ -41,9 +42,16 @@ def test_the_oracle_is_a_reference_that_needs_a_domain_map():
     with pytest.raises(ValueError, match="groups"):
         make_rule("domain-oracle", {})
     assert RunConfig.from_run_config({"strategy": "domain-oracle"}).rule_params()[1]["groups"] == (
-        0, 1, 2, 3, 0, 1, 2, 3)
+        0,
+        1,
+        2,
+        3,
+        0,
+        1,
+        2,
+        3,
+    )
     with pytest.raises(ConfigError, match="only the testbed"):
         RunConfig.from_run_config({"strategy": "domain-oracle", "testbed-domains": "clean"})
     with pytest.raises(ConfigError, match="only the testbed"):
-        RunConfig.from_run_config({"strategy": "domain-oracle", "dataset": "dtd", "data-dir": "/x",
-                                   "model": "/m"})
+        RunConfig.from_run_config({"strategy": "domain-oracle", "dataset": "dtd", "data-dir": "/x", "model": "/m"})

@@ -12,8 +12,15 @@ def _round(tuned, replied=None):
     n = tuned.shape[0]
     replied = np.ones(n, bool) if replied is None else np.asarray(replied)
     zeros = np.zeros_like(tuned)
-    return zeros, dict(tuned=tuned, sent=zeros, memory=zeros, h_pre=np.ones(n), h_post=np.ones(n),
-                       replied=replied, num_examples=np.ones(n))
+    return zeros, dict(
+        tuned=tuned,
+        sent=zeros,
+        memory=zeros,
+        h_pre=np.ones(n),
+        h_post=np.ones(n),
+        replied=replied,
+        num_examples=np.ones(n),
+    )
 
 
 def test_median_and_trimmed_mean_are_coordinate_wise_and_ignore_absent_rows():

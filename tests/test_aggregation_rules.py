@@ -113,8 +113,21 @@ def test_make_rule_binds_the_params_and_gives_the_same_result_as_the_function() 
 
 
 def test_every_rule_has_params_and_every_ablation_is_valid() -> None:
-    assert set(RULES) == set(PARAMS) == {"fedrapp", "none-fed", "fedavg", "fedamp", "fedamp-cos",
-                                         "fedmedian", "fedtrimmedavg", "krum", "domain-oracle"}
+    assert (
+        set(RULES)
+        == set(PARAMS)
+        == {
+            "fedrapp",
+            "none-fed",
+            "fedavg",
+            "fedamp",
+            "fedamp-cos",
+            "fedmedian",
+            "fedtrimmedavg",
+            "krum",
+            "domain-oracle",
+        }
+    )
     for name in RULES:
         overrides = {"groups": (0, 1)} if name == "domain-oracle" else None  # its domain map is required
         assert isinstance(make_params(name, overrides), PARAMS[name])

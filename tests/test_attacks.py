@@ -23,11 +23,14 @@ def test_random_upload_keeps_the_block_norms_and_scaled_blows_up_the_update():
         poisoned_upload("flip", tuned, received, 1.0, g)
 
 
-@pytest.mark.parametrize(("overrides", "key"), [
-    ({"attack": "random", "attack-clients": "0,x"}, "attack-clients"),
-    ({"attack": "random", "attack-clients": "8"}, "attack-clients"),
-    ({"attack-clients": "1"}, "attack"),
-])
+@pytest.mark.parametrize(
+    ("overrides", "key"),
+    [
+        ({"attack": "random", "attack-clients": "0,x"}, "attack-clients"),
+        ({"attack": "random", "attack-clients": "8"}, "attack-clients"),
+        ({"attack-clients": "1"}, "attack"),
+    ],
+)
 def test_attack_config_is_checked(overrides, key):
     with pytest.raises(ConfigError, match=key):
         RunConfig.from_run_config(overrides)

@@ -28,14 +28,27 @@ def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def tiny_base(model: Path) -> dict:
     """2 clients, 2 rounds of 16 images; AdaPrompt updates from the first round on the random model."""
-    return {"model": str(model), "num-clients": 2, "testbed-samples": 128, "batch-size": 16, "num-rounds": 2,
-            "adaprompt-threshold": 0.0, "adaprompt-buffer-size": 16, "decode-workers": 0, "partition": "iid",
-            "testbed-domains": "blur:1,contrast:1"}
+    return {
+        "model": str(model),
+        "num-clients": 2,
+        "testbed-samples": 128,
+        "batch-size": 16,
+        "num-rounds": 2,
+        "adaprompt-threshold": 0.0,
+        "adaprompt-buffer-size": 16,
+        "decode-workers": 0,
+        "partition": "iid",
+        "testbed-domains": "blur:1,contrast:1",
+    }
 
 
 def two_cells(model: Path, out: Path) -> dict:
-    return {"name": "tiny", "output": str(out), "base": tiny_base(model),
-            "grids": {"main": {"axes": {"strategy": ["none-fed", "fedrapp"], "seed": [0]}}}}
+    return {
+        "name": "tiny",
+        "output": str(out),
+        "base": tiny_base(model),
+        "grids": {"main": {"axes": {"strategy": ["none-fed", "fedrapp"], "seed": [0]}}},
+    }
 
 
 # ----------------------------------------------------------------------------------- YAML and cells
@@ -48,16 +61,19 @@ def test_bad_run_config_values_fail_with_the_run_configs_message():
         parse_bench({"grids": {"g": {"compare": ["v"], "axes": {"v": {"bad": {"eta": -1.0}}}}}})
 
 
-@pytest.mark.parametrize(("source", "message"), [
-    ({"grids": {"g": {"axes": {"seed": [0]}}}, "bsae": {}}, r"unknown entry \['bsae'\]"),
-    ({"grids": {}}, "has no grids"),
-    ({"grids": {"g": {"axes": {"seed": [0]}, "comapre": []}}}, r"unknown entry \['comapre'\]"),
-    ({"grids": {"g": {"axes": {"variant": [1, 2]}}}}, "not a run-config key; name the variants"),
-    ({"grids": {"g": {"axes": {"seed": [0, 0]}}}}, "repeats a value"),
-    ({"grids": {"g": {"compare": ["partition"], "axes": {"seed": [0]}}}}, r"compare lists \['partition'\]"),
-    ({"grids": {"g": {"axes": {"seed": [0]}}}, "base": {"run-name": "x"}}, "set by the benchmark runner"),
-    ({"grids": {"g": {"axes": {"seed": [0]}}}}, "say which axes hold the compared methods"),
-])
+@pytest.mark.parametrize(
+    ("source", "message"),
+    [
+        ({"grids": {"g": {"axes": {"seed": [0]}}}, "bsae": {}}, r"unknown entry \['bsae'\]"),
+        ({"grids": {}}, "has no grids"),
+        ({"grids": {"g": {"axes": {"seed": [0]}, "comapre": []}}}, r"unknown entry \['comapre'\]"),
+        ({"grids": {"g": {"axes": {"variant": [1, 2]}}}}, "not a run-config key; name the variants"),
+        ({"grids": {"g": {"axes": {"seed": [0, 0]}}}}, "repeats a value"),
+        ({"grids": {"g": {"compare": ["partition"], "axes": {"seed": [0]}}}}, r"compare lists \['partition'\]"),
+        ({"grids": {"g": {"axes": {"seed": [0]}}}, "base": {"run-name": "x"}}, "set by the benchmark runner"),
+        ({"grids": {"g": {"axes": {"seed": [0]}}}}, "say which axes hold the compared methods"),
+    ],
+)
 def test_malformed_files_are_rejected_before_anything_runs(source, message):
     with pytest.raises(BenchError, match=message):
         parse_bench(source)
@@ -73,17 +89,32 @@ def test_load_bench_names_the_file(tmp_path):
 
 
 def test_cells_are_run_configs_deduplicated_by_what_changes_results():
-    spec = parse_bench({
-        "base": {"partition": "iid"},
-        "grids": {
-            "main": {"axes": {"local-method": ["zeroshot", "adaprompt"], "strategy": ["none-fed", "fedrapp"],
-                              "seed": [0, 1]}},
-            "ablations": {"compare": ["variant"], "base": {"local-method": "adaprompt"}, "axes": {
-                "variant": {"fedrapp": {"strategy": "fedrapp"}, "no-peers": {"strategy": "fedrapp", "gamma0": 0},
-                            "none-fed": {"strategy": "none-fed", "mu0": 0.0}},
-                "seed": [0, 1]}},
-        },
-    })
+    spec = parse_bench(
+        {
+            "base": {"partition": "iid"},
+            "grids": {
+                "main": {
+                    "axes": {
+                        "local-method": ["zeroshot", "adaprompt"],
+                        "strategy": ["none-fed", "fedrapp"],
+                        "seed": [0, 1],
+                    }
+                },
+                "ablations": {
+                    "compare": ["variant"],
+                    "base": {"local-method": "adaprompt"},
+                    "axes": {
+                        "variant": {
+                            "fedrapp": {"strategy": "fedrapp"},
+                            "no-peers": {"strategy": "fedrapp", "gamma0": 0},
+                            "none-fed": {"strategy": "none-fed", "mu0": 0.0},
+                        },
+                        "seed": [0, 1],
+                    },
+                },
+            },
+        }
+    )
     # zeroshot: once per seed (strategy irrelevant), labelled "zeroshot", run with none-fed;
     # ablations: fedrapp and none-fed (whose mu0 cannot matter) are the main grid's cells; no-peers is new.
     assert len(spec.cells) == 2 * (1 + 2) + 2
@@ -92,7 +123,11 @@ def test_cells_are_run_configs_deduplicated_by_what_changes_results():
     assert zeroshot[0].memberships[0].labels == {"local-method": "zeroshot", "strategy": "zeroshot", "seed": "0"}
     shared = [c for c in spec.cells if len(c.memberships) == 2]
     assert sorted(m.labels["variant"] for c in shared for m in c.memberships if m.grid == "ablations") == [
-        "fedrapp", "fedrapp", "none-fed", "none-fed"]
+        "fedrapp",
+        "fedrapp",
+        "none-fed",
+        "none-fed",
+    ]
     # Identity ignores other rules' and methods' keys and speed keys; not the rule's own keys.
     base = {"strategy": "none-fed", "local-method": "adaprompt"}
     assert identity_key(base) == identity_key({**base, "mu0": 0.0, "tpt-views": 8, "decode-workers": 0})
@@ -175,8 +210,15 @@ def test_a_cell_cut_mid_run_continues_from_its_checkpoint(tiny_model, tmp_path, 
 def test_renamed_labels_need_no_rerun(tiny_model, tmp_path, monkeypatch):
     source = two_cells(tiny_model, tmp_path / "bench")
     run_bench(source, monkeypatch, CountingRunCell())
-    renamed = {**source, "grids": {"main": {"compare": ["rule"], "axes": {
-        "rule": {"local": {"strategy": "none-fed"}, "ours": {"strategy": "fedrapp"}}, "seed": [0]}}}}
+    renamed = {
+        **source,
+        "grids": {
+            "main": {
+                "compare": ["rule"],
+                "axes": {"rule": {"local": {"strategy": "none-fed"}, "ours": {"strategy": "fedrapp"}}, "seed": [0]},
+            }
+        },
+    }
     again = CountingRunCell()
     run_bench(renamed, monkeypatch, again)
     assert again.calls == []
@@ -205,14 +247,19 @@ def test_report_is_regenerated_from_the_rows_alone(tiny_model, tmp_path, monkeyp
 
 
 # ------------------------------------------------------------------------------------- statistics
-def fake_row(key: str, strategy: str, seed: int, micro: float, context: str = "iid", oracle: bool = False,
-             **config) -> dict:
+def fake_row(
+    key: str, strategy: str, seed: int, micro: float, context: str = "iid", oracle: bool = False, **config
+) -> dict:
     labels = {"partition": context, "strategy": strategy, "seed": str(seed)}
-    return {"key": key, "config": {"strategy": strategy, "seed": seed, **config},
-            "grids": {"g": {"index": 0, "labels": labels, "order": [0, 0, seed], "compare": ["strategy"],
-                            "oracle": oracle}},
-            "summary": {"micro_accuracy": micro, "macro_accuracy": micro, "micro_accuracy_received_prompt": micro},
-            "seconds": 1.0}
+    return {
+        "key": key,
+        "config": {"strategy": strategy, "seed": seed, **config},
+        "grids": {
+            "g": {"index": 0, "labels": labels, "order": [0, 0, seed], "compare": ["strategy"], "oracle": oracle}
+        },
+        "summary": {"micro_accuracy": micro, "macro_accuracy": micro, "micro_accuracy_received_prompt": micro},
+        "seconds": 1.0,
+    }
 
 
 def test_mean_and_sample_std_over_seeds():
@@ -283,17 +330,27 @@ def test_gain_figure_needs_two_paired_seeds(tmp_path):
 
 def trace(rounds, norms, rs, gains, drops):
     """One client's FedRAPP trace (acc_before 0.5, H_post 1)."""
-    return {"round": rounds, "update_norm": norms, "r": rs, "mu": [0.5 - 0.15 * r for r in rs],
-            "gamma": [0.3] * len(rounds), "h_pre": [1 + d for d in drops], "h_post": [1.0] * len(rounds),
-            "acc": [0.5 + g for g in gains], "acc_before": [0.5] * len(rounds)}
+    return {
+        "round": rounds,
+        "update_norm": norms,
+        "r": rs,
+        "mu": [0.5 - 0.15 * r for r in rs],
+        "gamma": [0.3] * len(rounds),
+        "h_pre": [1 + d for d in drops],
+        "h_post": [1.0] * len(rounds),
+        "acc": [0.5 + g for g in gains],
+        "acc_before": [0.5] * len(rounds),
+    }
 
 
 def test_fedrapp_signals_score_r_against_the_in_round_gain_within_rounds():
     # round 1: nobody updated (left out); rounds 2-3: r ranks the clients exactly as their gains do, but
     # round 3's gains are all 0.1 higher: only the within-round order may count
-    clients = {"0": trace([1, 2, 3], [0.0, 0.2, 0.2], [0.0, 1.0, 1.0], [0.0, 0.02, 0.12], [0.0, 0.1, 0.0]),
-               "1": trace([1, 2, 3], [0.0, 0.1, 0.3], [0.0, -1.0, -1.0], [0.0, -0.02, 0.08], [0.0, 0.0, 0.1]),
-               "2": trace([1, 2, 3], [0.0, 0.3, 0.1], [0.0, 0.0, 0.0], [0.0, 0.0, 0.1], [0.0, 0.05, 0.05])}
+    clients = {
+        "0": trace([1, 2, 3], [0.0, 0.2, 0.2], [0.0, 1.0, 1.0], [0.0, 0.02, 0.12], [0.0, 0.1, 0.0]),
+        "1": trace([1, 2, 3], [0.0, 0.1, 0.3], [0.0, -1.0, -1.0], [0.0, -0.02, 0.08], [0.0, 0.0, 0.1]),
+        "2": trace([1, 2, 3], [0.0, 0.3, 0.1], [0.0, 0.0, 0.0], [0.0, 0.0, 0.1], [0.0, 0.05, 0.05]),
+    }
     sig = fedrapp_signals([{"clients": clients}])
     assert sig.pairs == 6 and sig.update_share == pytest.approx(6 / 9)
     assert sig.r_vs_gain == pytest.approx(1.0)
@@ -308,7 +365,11 @@ def test_command_line_validates_lists_and_overrides_the_base(tmp_path, capsys):
     from fedrapp_app.bench.__main__ import main, parse_assignments
 
     assert parse_assignments(["data-dir=/data", "mu0=0.4", "tpt-augmix=true", "hf-repo="]) == {
-        "data-dir": "/data", "mu0": 0.4, "tpt-augmix": True, "hf-repo": ""}
+        "data-dir": "/data",
+        "mu0": 0.4,
+        "tpt-augmix": True,
+        "hf-repo": "",
+    }
     with pytest.raises(BenchError, match="KEY=VALUE"):
         parse_assignments(["mu0"])
     conf = Path(__file__).resolve().parents[1] / "conf" / "bench"
@@ -324,13 +385,24 @@ def test_estimate_scales_measured_costs_linearly_in_the_classes():
 
     cost = StepCost(flops=(2e12, 1e10), saved_bytes=(0.0, 2**20), cpu_seconds=1.0)
     assert cost.at(1000) == (2e12 + 1e13, 1000 * 2**20)
-    table = estimate_table(cost, StepCost((2e12, 0.0), (0.0, 0.0), 1.0), (0.0, 0.0), 0.0, peak_tflops=1000,
-                           utilization=0.5, step_overhead=0.0, decode_workers=1, clients=10)
+    table = estimate_table(
+        cost,
+        StepCost((2e12, 0.0), (0.0, 0.0), 1.0),
+        (0.0, 0.0),
+        0.0,
+        peak_tflops=1000,
+        utilization=0.5,
+        step_overhead=0.0,
+        decode_workers=1,
+        clients=10,
+    )
     imagenet = next(line for line in table.splitlines() if line.startswith("| imagenet |"))
     steps = math.ceil(50000 / 64) + 5
     # steps x 12 TFLOP at 500 TFLOP/s; memory: 1.5 x 1000 MiB saved + 1 GiB
-    assert imagenet == (f"| imagenet | 1000 | 50000 | {steps} | {steps * 12:.0f} | {steps * 12 / 500 / 60:.1f} | "
-                        f"{steps * 2 / 500 / 60:.1f} | {1.5 * 1000 / 1024 + 1:.1f} |")
+    assert imagenet == (
+        f"| imagenet | 1000 | 50000 | {steps} | {steps * 12:.0f} | {steps * 12 / 500 / 60:.1f} | "
+        f"{steps * 2 / 500 / 60:.1f} | {1.5 * 1000 / 1024 + 1:.1f} |"
+    )
 
 
 def test_cells_of_other_weights_are_never_mixed(tiny_model, tmp_path, monkeypatch):

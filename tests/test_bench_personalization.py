@@ -24,9 +24,20 @@ from fedrapp_app.bench.stats import settings_of
 
 def block(domain: str, rounds: list[int], acc: list[float], n: list[int], share: list[float | None]) -> dict:
     size = len(rounds)
-    return {"domain": domain, "round": rounds, "n": n, "acc": acc, "acc_before": acc, "h_pre": [1.0] * size,
-            "h_post": [0.9] * size, "update_norm": [0.1] * size, "r": [0.5] * size, "mu": [0.4] * size,
-            "gamma": [0.3] * size, "same_domain_share": share}
+    return {
+        "domain": domain,
+        "round": rounds,
+        "n": n,
+        "acc": acc,
+        "acc_before": acc,
+        "h_pre": [1.0] * size,
+        "h_post": [0.9] * size,
+        "update_norm": [0.1] * size,
+        "r": [0.5] * size,
+        "mu": [0.4] * size,
+        "gamma": [0.3] * size,
+        "same_domain_share": share,
+    }
 
 
 def fake_row(key: str, strategy: str, seed: int, shares: tuple[float, float] = (0.5, 0.5)) -> dict:
@@ -37,11 +48,15 @@ def fake_row(key: str, strategy: str, seed: int, shares: tuple[float, float] = (
         "2": block("blur", [1], [1.0], [10], [None]),
     }
     labels = {"strategy": strategy, "seed": str(seed)}
-    return {"key": key, "id": key, "config": {"strategy": strategy, "local-method": "im", "seed": seed},
-            "grids": {"S1": {"index": 0, "labels": labels, "order": [0, seed], "compare": ["strategy"],
-                             "oracle": False}},
-            "summary": {"micro_accuracy": 0.5, "macro_accuracy": 0.5, "micro_accuracy_received_prompt": 0.5},
-            "seconds": 1.0, "clients": clients}
+    return {
+        "key": key,
+        "id": key,
+        "config": {"strategy": strategy, "local-method": "im", "seed": seed},
+        "grids": {"S1": {"index": 0, "labels": labels, "order": [0, seed], "compare": ["strategy"], "oracle": False}},
+        "summary": {"micro_accuracy": 0.5, "macro_accuracy": 0.5, "micro_accuracy_received_prompt": 0.5},
+        "seconds": 1.0,
+        "clients": clients,
+    }
 
 
 def test_uniform_share_counts_the_other_clients_of_the_same_domain_that_took_part():
@@ -93,8 +108,10 @@ def test_report_writes_tables_and_figures_from_the_rows(tmp_path):
     assert "| fedrapp | 72.00 ± 0.00 | 30.00 ± 0.00 |" in text
     share_rows = [line for line in text.splitlines() if line.startswith("| fed") and "12.5 ± 0.0" in line]
     # the peer-weighting rules only (none-fed has no peers); FedAMP's share is its own
-    assert share_rows == ["| fedrapp | 25.0 ± 0.0 | 12.5 ± 0.0 | 25.0 ± 0.0 | 25.0 ± 0.0 |",
-                          "| fedamp | 50.0 ± 0.0 | 12.5 ± 0.0 | 50.0 ± 0.0 | 25.0 ± 0.0 |"]
+    assert share_rows == [
+        "| fedrapp | 25.0 ± 0.0 | 12.5 ± 0.0 | 25.0 ± 0.0 | 25.0 ± 0.0 |",
+        "| fedamp | 50.0 ± 0.0 | 12.5 ± 0.0 | 50.0 ± 0.0 | 25.0 ± 0.0 |",
+    ]
     for name in ("share-S1.png", "traces-S1.png"):
         with Image.open(tmp_path / "out" / name) as image:
             assert image.mode == "P" and image.width > 300  # a palette PNG: small enough to commit
@@ -114,10 +131,15 @@ def pivot_row(method: str, rule: str, seed: int, micro: float, oracle: bool = Fa
     strategy = {"oracle": "domain-oracle"}.get(rule, rule)
     config = {"local-method": "zeroshot" if method == "zeroshot" else method, "strategy": strategy, "seed": seed}
     labels = {"method": method, "rule": rule, "seed": str(seed)}
-    return {"key": f"{method}-{rule}-{seed}", "config": config,
-            "grids": {"S1": {"index": 0, "labels": labels, "order": [0, 0, seed], "compare": ["method", "rule"],
-                             "oracle": oracle}},
-            "summary": {"micro_accuracy": micro}, "seconds": 1.0}
+    return {
+        "key": f"{method}-{rule}-{seed}",
+        "config": config,
+        "grids": {
+            "S1": {"index": 0, "labels": labels, "order": [0, 0, seed], "compare": ["method", "rule"], "oracle": oracle}
+        },
+        "summary": {"micro_accuracy": micro},
+        "seconds": 1.0,
+    }
 
 
 def test_pivot_puts_rules_in_rows_bolds_the_best_non_oracle_and_pairs_the_gaps_by_seed():

@@ -40,8 +40,12 @@ def test_golden_context_equals_hard_prompt(tiny_clip, tiny_pclip):
     reference = hf_features(tiny_clip, [f"a photo of a {name}." for name in TINY_CLASSNAMES])
     assert (ours - reference).abs().max() <= 1e-5
     # also against a pass over all positions (padding to the full context length)
-    full = hf_features(tiny_clip, [f"a photo of a {name}." for name in TINY_CLASSNAMES],
-                       padding="max_length", max_length=tiny_clip.max_text_length)
+    full = hf_features(
+        tiny_clip,
+        [f"a photo of a {name}." for name in TINY_CLASSNAMES],
+        padding="max_length",
+        max_length=tiny_clip.max_text_length,
+    )
     assert (ours - full).abs().max() <= 1e-5
 
 
@@ -50,7 +54,8 @@ def test_text_pass_stops_at_last_eos(tiny_clip):
     unshared.shared_prefix = False  # the general path (class-specific contexts) runs the encoder module
     lengths = []
     hook = tiny_clip.model.text_model.encoder.register_forward_hook(
-        lambda module, args, kwargs, out: lengths.append(kwargs["inputs_embeds"].shape[1]), with_kwargs=True)
+        lambda module, args, kwargs, out: lengths.append(kwargs["inputs_embeds"].shape[1]), with_kwargs=True
+    )
     try:
         with torch.no_grad():
             unshared.text_features([unshared.context_from_text("a photo of a")])
@@ -74,8 +79,11 @@ def test_shared_prefix_pass_equals_the_full_pass_with_gradients(tiny_clip):
     full = PromptedCLIP(tiny_clip, TINY_CLASSNAMES)
     full.full_length_text = True
     generator = torch.Generator().manual_seed(0)
-    blocks = [shared.context_from_text("an image of a"), shared.random_context(1, generator),
-              shared.random_context(6, generator)]  # prefixes of 5, 2 and 7 rows: padding is exercised
+    blocks = [
+        shared.context_from_text("an image of a"),
+        shared.random_context(1, generator),
+        shared.random_context(6, generator),
+    ]  # prefixes of 5, 2 and 7 rows: padding is exercised
     weights = torch.randn(3, len(TINY_CLASSNAMES), tiny_clip.model.config.projection_dim, generator=generator)
     grads = []
     for pclip in (shared, full):
@@ -98,14 +106,16 @@ def test_shared_prefix_pass_runs_each_prefix_once_and_no_padding(tiny_clip):
     pclip = PromptedCLIP(tiny_clip, TINY_CLASSNAMES)
     rows = []
     hook = tiny_clip.model.text_model.encoder.layers[0].mlp.register_forward_hook(
-        lambda module, args, out: rows.append(args[0].shape[:-1]))
+        lambda module, args, out: rows.append(args[0].shape[:-1])
+    )
     try:
         with torch.no_grad():
             pclip.text_features([pclip.context_from_text("a photo of a"), pclip.context_from_text("an image of a")])
     finally:
         hook.remove()
-    suffix_tokens = sum(len(tiny_clip.tokenizer(f"{n}.", add_special_tokens=False)["input_ids"]) + 1
-                        for n in TINY_CLASSNAMES)
+    suffix_tokens = sum(
+        len(tiny_clip.tokenizer(f"{n}.", add_special_tokens=False)["input_ids"]) + 1 for n in TINY_CLASSNAMES
+    )
     assert rows == [(2 * 5 + 2 * suffix_tokens,)]  # 2 prefixes of [SOS] + 4 words, then every class token once
 
 
@@ -279,9 +289,14 @@ def test_precision_rules(tiny_clip_dir, tiny_pclip):
 # ----- images --------------------------------------------------------------------------------------------
 def test_any_mode_and_size_preprocesses(tiny_pclip):
     images = [
-        *random_images(1, mode="L"), *random_images(1, mode="RGBA"), *random_images(1, mode="P"),
-        *random_images(1, mode="CMYK"), *random_images(1, size=(1, 1)), *random_images(1, size=(3000, 5)),
-        Image.fromarray(np.full((9, 13), 60000, dtype=np.uint16)), Image.new("1", (17, 3)),
+        *random_images(1, mode="L"),
+        *random_images(1, mode="RGBA"),
+        *random_images(1, mode="P"),
+        *random_images(1, mode="CMYK"),
+        *random_images(1, size=(1, 1)),
+        *random_images(1, size=(3000, 5)),
+        Image.fromarray(np.full((9, 13), 60000, dtype=np.uint16)),
+        Image.new("1", (17, 3)),
     ]
     pixels = tiny_pclip.preprocess(images)
     assert pixels.shape == (len(images), 3, 32, 32) and torch.isfinite(pixels).all()
@@ -336,7 +351,6 @@ def test_augmix_views_stay_in_range_and_differ(make_pixels, tiny_clip):
     raw = torch.rand(5, 3, 16, 16, generator=torch.Generator().manual_seed(0))
     mixed = augmix(raw, torch.Generator().manual_seed(1))
     assert mixed.shape == raw.shape and mixed.min() >= 0 and mixed.max() <= 1
-
 
 
 def test_augmix_point_ops_match_pil():

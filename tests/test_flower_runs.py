@@ -72,9 +72,15 @@ def test_run_simulation_through_ray(testbed_tiny, tmp_path):
     def train(msg, context):
         return real_client_app(msg, with_config(context))
 
-    run_simulation(server_app=server, client_app=client, num_supernodes=3,
-                   backend_config={"client_resources": {"num_cpus": 1, "num_gpus": 0.0},
-                                   "init_args": {"num_cpus": 2, "include_dashboard": False}})
+    run_simulation(
+        server_app=server,
+        client_app=client,
+        num_supernodes=3,
+        backend_config={
+            "client_resources": {"num_cpus": 1, "num_gpus": 0.0},
+            "init_args": {"num_cpus": 2, "include_dashboard": False},
+        },
+    )
     summary = captured["summary"]
     assert summary["rounds"] == 2 and summary["samples"] == 2 * 3 * 16
     rows = read_rows(summary["run_dir"])
@@ -82,8 +88,13 @@ def test_run_simulation_through_ray(testbed_tiny, tmp_path):
 
 
 def _fedrapp_sim(args: list[str], flwr_home: Path) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "fedrapp_app.launch", str(ROOT), "--flwr-home", str(flwr_home),
-                           *args], capture_output=True, text=True, timeout=600, cwd=tempfile.gettempdir())
+    return subprocess.run(
+        [sys.executable, "-m", "fedrapp_app.launch", str(ROOT), "--flwr-home", str(flwr_home), *args],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=tempfile.gettempdir(),
+    )
 
 
 def test_flwr_run_via_launcher_completes_and_writes_results(testbed_tiny, tmp_path):
@@ -114,24 +125,51 @@ def test_deployment_on_loopback(testbed_tiny, tmp_path):
 
     def start(command: list[str]) -> subprocess.Popen:
         log = open(tmp_path / f"proc{len(processes)}.log", "w")  # noqa: SIM115 - closed with the process
-        process = subprocess.Popen(command, cwd=neutral, env=env, stdout=log, stderr=subprocess.STDOUT,
-                                   start_new_session=True)
+        process = subprocess.Popen(
+            command, cwd=neutral, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+        )
         processes.append(process)
         return process
 
     try:
-        link = start(["flower-superlink", "--insecure", "--disable-runtime-dependency-installation",
-                      "--host", "127.0.0.1", "--port", str(link_port)])
+        link = start(
+            [
+                "flower-superlink",
+                "--insecure",
+                "--disable-runtime-dependency-installation",
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(link_port),
+            ]
+        )
         wait_healthy(link_port, link)
         for client in (0, 1):
-            start(["flower-supernode", "--insecure", "--superlink", f"127.0.0.1:{link_port}",
-                   "--port", str(free_port()), "--node-config", f"client-id={client}"])
+            start(
+                [
+                    "flower-supernode",
+                    "--insecure",
+                    "--superlink",
+                    f"127.0.0.1:{link_port}",
+                    "--port",
+                    str(free_port()),
+                    "--node-config",
+                    f"client-id={client}",
+                ]
+            )
         write_connection(env, "loopback", f"127.0.0.1:{link_port}")
-        config = small_run(testbed_tiny, tmp_path / "out", **{"num-clients": 2, "num-rounds": 2,
-                                                              "node-wait-timeout": 120.0})
+        config = small_run(
+            testbed_tiny, tmp_path / "out", **{"num-clients": 2, "num-rounds": 2, "node-wait-timeout": 120.0}
+        )
         started = time.monotonic()
-        done = subprocess.run(["flwr", "run", str(ROOT), "loopback", "--stream", "-c", _as_overrides(config)],
-                              cwd=neutral, env=env, capture_output=True, text=True, timeout=600)
+        done = subprocess.run(
+            ["flwr", "run", str(ROOT), "loopback", "--stream", "-c", _as_overrides(config)],
+            cwd=neutral,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
         status = run_status(env, neutral, "loopback")
         assert status["status"] == "finished:completed", done.stdout[-3000:] + done.stderr[-3000:]
         rows = read_rows(tmp_path / "out" / "run")

@@ -235,8 +235,9 @@ def test_adaprompt_round_one_reuses_the_labellers_features_for_the_received_p0(t
 def test_adaprompt_honours_the_threshold(tiny_pclip, make_pixels):
     pixels = make_pixels(24)
     features = tiny_pclip.image_features(pixels)
-    probabilities = tiny_pclip.logits(features, tiny_pclip.text_features(
-        make_method("adaprompt").initial_prompt(tiny_pclip))).softmax(-1)
+    probabilities = tiny_pclip.logits(
+        features, tiny_pclip.text_features(make_method("adaprompt").initial_prompt(tiny_pclip))
+    ).softmax(-1)
     confidences = probabilities.max(-1).values
     threshold = float(confidences.median())
     method = make_method("adaprompt", threshold=threshold)
@@ -323,8 +324,14 @@ def test_state_dicts_reject_foreign_keys():
 
 @pytest.mark.parametrize("name", sorted(METHODS))
 def test_a_batch_of_one_just_works(tiny_pclip, make_pixels, name):
-    method = make_method(name, {"n-views": 3} if name.startswith("tpt") else {"threshold": 0.0, "buffer-size": 1}
-                         if name == "adaprompt" else {})
+    method = make_method(
+        name,
+        {"n-views": 3}
+        if name.startswith("tpt")
+        else {"threshold": 0.0, "buffer-size": 1}
+        if name == "adaprompt"
+        else {},
+    )
     result = method.adapt(tiny_pclip, method.initial_prompt(tiny_pclip), make_pixels(1), torch.Generator())
     assert result.predictions.shape == (1,) and result.predictions_before.shape == (1,)
     assert np.isfinite(result.h_pre) and np.isfinite(result.h_post)

@@ -78,8 +78,9 @@ def test_csc_adaptation_moves_each_class_context_on_its_own(tiny_clip, tiny_pcli
     assert (moved[0] - moved[1]).abs().max() > 1e-6  # not one shared move copied to every class
     assert all(p.grad is None for p in tiny_clip.model.parameters())  # gradients reached the context only
     with pytest.raises(ValueError, match="expected"):  # a shared prompt is not a CSC method's prompt
-        method.adapt(tiny_pclip, make_method(name, TUNED[name]).initial_prompt(tiny_pclip), make_pixels(2),
-                     torch.Generator())
+        method.adapt(
+            tiny_pclip, make_method(name, TUNED[name]).initial_prompt(tiny_pclip), make_pixels(2), torch.Generator()
+        )
 
 
 @pytest.mark.parametrize("name", ["tpt-online", "adaprompt"])
@@ -113,8 +114,9 @@ def test_csc_prompts_round_trip_through_the_fedrapp_rule(tiny_pclip, make_pixels
     tuned = np.stack(tuned)
     start = np.stack([flatten([b.numpy() for b in p0])] * 3)
     assert tuned.shape == (3, len(TINY_CLASSNAMES) * 4 * tiny_pclip.clip.text_width)
-    out = make_rule("fedrapp")(tuned, start, start, np.array([1.2, 1.1, 1.3]), np.array([0.9, 1.0, 0.7]),
-                               np.ones(3, bool), np.full(3, 8))
+    out = make_rule("fedrapp")(
+        tuned, start, start, np.array([1.2, 1.1, 1.3]), np.array([0.9, 1.0, 0.7]), np.ones(3, bool), np.full(3, 8)
+    )
     assert out.personalized.shape == tuned.shape and np.isfinite(out.personalized).all()
     lo, hi = np.minimum(tuned.min(0), start.min(0)), np.maximum(tuned.max(0), start.max(0))
     assert ((out.personalized >= lo - 1e-6) & (out.personalized <= hi + 1e-6)).all()  # convex combinations

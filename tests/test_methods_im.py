@@ -35,13 +35,25 @@ def test_defaults_registry_and_config_keys(tiny_pclip):
         make_method("im", ema_momentum=1.0)
     with pytest.raises(ValueError, match="diversity_weight must be >= 0"):
         make_method("im", diversity_weight=-1.0)
-    config = RunConfig.from_run_config({"local-method": "im", "im-lr": 0.01, "im-marginal": "ema",
-                                        "im-ema-momentum": 0.8, "im-diversity-weight": 0.5, "csc": True})
+    config = RunConfig.from_run_config(
+        {
+            "local-method": "im",
+            "im-lr": 0.01,
+            "im-marginal": "ema",
+            "im-ema-momentum": 0.8,
+            "im-diversity-weight": 0.5,
+            "csc": True,
+        }
+    )
     assert make_method(*config.method_params()).params == IMParams(
-        lr=0.01, marginal="ema", ema_momentum=0.8, diversity_weight=0.5, csc=True)
-    for overrides, key, hint in [({"im-marginal": "prior"}, "im-marginal", "one of 'batch', 'ema'"),
-                                 ({"im-ema-momentum": 1.0}, "im-ema-momentum", "<= 0.999"),
-                                 ({"im-lr": 0.0}, "im-lr", "> 0.0"), ({"csc": 1}, "csc", "must be a boolean")]:
+        lr=0.01, marginal="ema", ema_momentum=0.8, diversity_weight=0.5, csc=True
+    )
+    for overrides, key, hint in [
+        ({"im-marginal": "prior"}, "im-marginal", "one of 'batch', 'ema'"),
+        ({"im-ema-momentum": 1.0}, "im-ema-momentum", "<= 0.999"),
+        ({"im-lr": 0.0}, "im-lr", "> 0.0"),
+        ({"csc": 1}, "csc", "must be a boolean"),
+    ]:
         with pytest.raises(ConfigError) as err:
             RunConfig.from_run_config(overrides)
         assert f"{key} = " in str(err.value) and hint in str(err.value)
@@ -208,8 +220,9 @@ def toy_stream(pclip, seed: int, num_batches: int = 60, batch_size: int = 16):
     with torch.no_grad():
         text = pclip.text_features(make_method("im").initial_prompt(pclip))[0]  # [C, E]
     shared = text.mean(0)
-    labels = torch.multinomial(torch.tensor(SKEWED_PRIOR), num_batches * batch_size, replacement=True,
-                               generator=generator).view(num_batches, batch_size)
+    labels = torch.multinomial(
+        torch.tensor(SKEWED_PRIOR), num_batches * batch_size, replacement=True, generator=generator
+    ).view(num_batches, batch_size)
     noise = torch.randn(*labels.shape, text.shape[1], generator=generator) / text.shape[1] ** 0.5
     return F.normalize(0.6 * shared + (text - shared)[labels] + 0.3 * noise, dim=-1), labels
 

@@ -22,8 +22,10 @@ def test_vision_flop_count_matches_the_analytic_count():
     clip = vitb16.vit_b16(tiny=True)
     tower = gpu_step.tower_throughput(PromptedCLIP(clip, vitb16.CALTECH101[:5]), batch=2, repeats=1)
     # torch's counter skips the CPU flash-attention kernel; on CUDA it counts attention too
-    assert tower["flops_counted"] in (pytest.approx(tower["flops_dense"], rel=1e-9),
-                                      pytest.approx(tower["flops_per_image"], rel=1e-9))
+    assert tower["flops_counted"] in (
+        pytest.approx(tower["flops_dense"], rel=1e-9),
+        pytest.approx(tower["flops_per_image"], rel=1e-9),
+    )
     assert tower["flops_per_image"] == tower["flops_dense"] + tower["flops_attention"] > 0
     assert tower["tflops"] > 0 and tower["images_per_s"] > 0
     # the full-size count: ViT-B/16 at 224 px is about 17.6 GMACs = 35.1 GFLOP per image
@@ -33,8 +35,11 @@ def test_vision_flop_count_matches_the_analytic_count():
 
 def test_gpu_script_tiny_run_on_cpu_writes_every_row(tmp_path, monkeypatch):
     out = tmp_path / "gpu.json"
-    monkeypatch.setattr(sys, "argv", ["gpu_step.py", "--tiny", "--device", "cpu", "--precision", "fp32",
-                                      "--classes", "10", "--json", str(out)])
+    monkeypatch.setattr(
+        sys,
+        "argv",
+        ["gpu_step.py", "--tiny", "--device", "cpu", "--precision", "fp32", "--classes", "10", "--json", str(out)],
+    )
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # tiny ops: a second thread only adds synchronisation on a busy machine
     try:
@@ -76,8 +81,14 @@ def test_naive_timings_are_reused_only_at_the_same_sizes(tmp_path):
 
     sizes = {"images": 64, "classes": 100, "tpt_images": 2, "tpt_views": 63, "threads": 1}
     earlier = tmp_path / "fp32.json"
-    earlier.write_text(json.dumps({"args": {k: str(v) for k, v in sizes.items()} | {"precision": "fp32"},
-                                   "rows": [{"method": "adaprompt", "naive_s": 9.0}]}))
+    earlier.write_text(
+        json.dumps(
+            {
+                "args": {k: str(v) for k, v in sizes.items()} | {"precision": "fp32"},
+                "rows": [{"method": "adaprompt", "naive_s": 9.0}],
+            }
+        )
+    )
     same = argparse.Namespace(**sizes, precision="bf16")  # our precision may differ: the naive path is fp32
     assert client_step.reused_naive(earlier, same)["adaprompt"]["naive_s"] == 9.0
     with pytest.raises(ValueError, match="classes: 100 there, 20 here"):

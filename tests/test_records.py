@@ -94,7 +94,8 @@ def test_malformed_replies_are_rejected_with_the_reason(content, reason):
 
 def test_wrong_dtype_is_rejected():
     record = ArrayRecord({f"block-{k}": Array(b.astype(np.float64)) for k, b in enumerate(_blocks())})
-    content = RecordDict({PROMPT: record, METRICS: MetricRecord({"client-id": 1, "h-pre": 1.0, "h-post": 1.0,
-                                                                  "num-examples": 4})})
+    content = RecordDict(
+        {PROMPT: record, METRICS: MetricRecord({"client-id": 1, "h-pre": 1.0, "h-post": 1.0, "num-examples": 4})}
+    )
     with pytest.raises(RejectedReply, match="float64"):
         parse_train_reply(content, 1, SHAPES, max_norm=1e3)

@@ -35,9 +35,16 @@ def _honest(message: Message, client: int) -> RecordDict:
     received = record_to_prompt(message.content[PROMPT])
     rng = np.random.default_rng(client)
     tuned = [b + 0.05 * rng.normal(size=b.shape).astype(np.float32) for b in received]
-    metrics = {"client-id": client, "h-pre": 2.0 + 0.1 * client, "h-post": 1.5 + 0.05 * client,
-               "num-examples": 8, "stream-position": int(message.content[CONFIG]["stream-position"]),
-               "remaining-batches": 100, "correct": 1, "correct-before": 0}
+    metrics = {
+        "client-id": client,
+        "h-pre": 2.0 + 0.1 * client,
+        "h-post": 1.5 + 0.05 * client,
+        "num-examples": 8,
+        "stream-position": int(message.content[CONFIG]["stream-position"]),
+        "remaining-batches": 100,
+        "correct": 1,
+        "correct-before": 0,
+    }
     return RecordDict({PROMPT: prompt_to_record(tuned), METRICS: MetricRecord(metrics)})
 
 
@@ -47,8 +54,14 @@ def scripted_app(mutate: dict[int, callable]) -> ClientApp:
 
     @app.query()
     def query(message, context):
-        info = ConfigRecord({"client-id": int(context.node_config["partition-id"]), "num-batches": 100,
-                             "position": 0, "num-samples": 800})
+        info = ConfigRecord(
+            {
+                "client-id": int(context.node_config["partition-id"]),
+                "num-batches": 100,
+                "position": 0,
+                "num-samples": 800,
+            }
+        )
         return Message(RecordDict({INFO: info, PROMPT: prompt_to_record(P0)}), reply_to=message)
 
     @app.train()
@@ -72,8 +85,12 @@ def _round_state(mutate: dict, rounds: int = 2):
 
 
 def _with_prompt(content: RecordDict, blocks) -> RecordDict:
-    return RecordDict({PROMPT: ArrayRecord({f"block-{k}": Array(np.asarray(b)) for k, b in enumerate(blocks)}),
-                       METRICS: content[METRICS]})
+    return RecordDict(
+        {
+            PROMPT: ArrayRecord({f"block-{k}": Array(np.asarray(b)) for k, b in enumerate(blocks)}),
+            METRICS: content[METRICS],
+        }
+    )
 
 
 def _with_metrics(content: RecordDict, **changes) -> RecordDict:
@@ -92,19 +109,28 @@ def _blocks(content):
 BAD_VALUES = st.sampled_from([np.nan, np.inf, -np.inf, 1e30, -1e30])
 MUTATIONS = st.one_of(
     st.tuples(st.just("value"), st.integers(0, 1), BAD_VALUES).map(
-        lambda a: lambda c: _with_prompt(c, [b if k != a[1] else np.full_like(b, a[2])
-                                            for k, b in enumerate(_blocks(c))])),
+        lambda a: (
+            lambda c: _with_prompt(c, [b if k != a[1] else np.full_like(b, a[2]) for k, b in enumerate(_blocks(c))])
+        )
+    ),
     st.tuples(st.just("shape"), st.integers(0, 1), st.integers(1, 6)).map(
-        lambda a: lambda c: _with_prompt(c, [b if k != a[1] else np.zeros((a[2], 5), np.float32)
-                                            for k, b in enumerate(_blocks(c))])),
+        lambda a: (
+            lambda c: _with_prompt(
+                c, [b if k != a[1] else np.zeros((a[2], 5), np.float32) for k, b in enumerate(_blocks(c))]
+            )
+        )
+    ),
     st.sampled_from([np.float64, np.float16, np.int32]).map(
-        lambda dtype: lambda c: _with_prompt(c, [b.astype(dtype) for b in _blocks(c)])),
+        lambda dtype: lambda c: _with_prompt(c, [b.astype(dtype) for b in _blocks(c)])
+    ),
     st.integers(0, 1).map(lambda n: lambda c: _with_prompt(c, _blocks(c)[:n])),  # missing blocks
     st.just(lambda c: _with_prompt(c, [*_blocks(c), np.zeros((1, 4), np.float32)])),  # extra block
     st.sampled_from(["client-id", "h-pre", "h-post", "num-examples"]).map(
-        lambda key: lambda c: _with_metrics(c, **{key: None})),  # missing metric
+        lambda key: lambda c: _with_metrics(c, **{key: None})
+    ),  # missing metric
     st.tuples(st.sampled_from(["h-pre", "h-post"]), st.sampled_from([-1.0, np.nan, np.inf, -np.inf])).map(
-        lambda a: lambda c: _with_metrics(c, **{a[0]: a[1]})),  # negative or non-finite entropy
+        lambda a: lambda c: _with_metrics(c, **{a[0]: a[1]})
+    ),  # negative or non-finite entropy
     st.sampled_from([-1, 4, 99]).map(lambda cid: lambda c: _with_metrics(c, **{"client-id": cid})),  # unknown id
     st.just(lambda c: _with_metrics(c, **{"client-id": (int(c[METRICS]["client-id"]) + 1) % NUM_CLIENTS})),
     st.sampled_from([0, -3, 2.5, np.nan]).map(lambda n: lambda c: _with_metrics(c, **{"num-examples": n})),
@@ -132,8 +158,9 @@ def _absent_everywhere(client: int):
     strategy = PersonalizedPromptStrategy("fedrapp", {}, num_clients=NUM_CLIENTS, node_wait_timeout=5.0)
     strategy.connect(grid)
     for t in (1, 2):
-        strategy.aggregate_train(t, grid.send_and_receive(
-            strategy.configure_train(t, ArrayRecord(), ConfigRecord(), grid)))
+        strategy.aggregate_train(
+            t, grid.send_and_receive(strategy.configure_train(t, ArrayRecord(), ConfigRecord(), grid))
+        )
     return strategy
 
 
@@ -147,8 +174,7 @@ def test_a_duplicated_reply_counts_once():
     grid = Twice(scripted_app({}), NUM_CLIENTS, {})
     strategy = PersonalizedPromptStrategy("fedrapp", {}, num_clients=NUM_CLIENTS, node_wait_timeout=5.0)
     strategy.connect(grid)
-    strategy.aggregate_train(1, grid.send_and_receive(
-        strategy.configure_train(1, ArrayRecord(), ConfigRecord(), grid)))
+    strategy.aggregate_train(1, grid.send_and_receive(strategy.configure_train(1, ArrayRecord(), ConfigRecord(), grid)))
     assert np.array_equal(strategy.state.memory, honest.state.memory)
     assert np.array_equal(strategy.state.sent, honest.state.sent)
 
@@ -165,8 +191,7 @@ def test_a_vanished_node_comes_back_from_the_prompt_it_was_last_sent(testbed_tin
             super().__init__(*args, **kwargs)
             self.drop = lambda m: m.metadata.dst_node_id == 1001 and m.metadata.group_id in ("2", "3")
 
-    summary, grid, states = run_federation(small_run(testbed_tiny, tmp_path, **{"num-rounds": 4}),
-                                           grid_cls=Flaky)
+    summary, grid, states = run_federation(small_run(testbed_tiny, tmp_path, **{"num-rounds": 4}), grid_cls=Flaky)
     rows = {(r["round"], r["client"]): r for r in read_rows(summary["run_dir"])}
     assert rows[(2, 1)]["status"] == rows[(3, 1)]["status"] == "missing"
     assert rows[(4, 1)]["status"] == "ok"
@@ -183,8 +208,11 @@ def _comparable(rows):
     for r in rows:
         r = dict(r)
         r.pop("node", None)
-        r["client_metrics"] = {k: v for k, v in r.get("client_metrics", {}).items()
-                               if not k.startswith("t-") and k not in ("pid", "model-loaded", "state-rebuilt")}
+        r["client_metrics"] = {
+            k: v
+            for k, v in r.get("client_metrics", {}).items()
+            if not k.startswith("t-") and k not in ("pid", "model-loaded", "state-rebuilt")
+        }
         out.append(r)
     return out
 

@@ -82,9 +82,7 @@ def _check_params(rule: str, params: RuleParams | None, kind: type[RuleParams]) 
     return p
 
 
-def _baseline_diagnostics(
-    x: RoundInputs, mu: NDArray[np.float64], xi: NDArray[np.float64] | None
-) -> Diagnostics:
+def _baseline_diagnostics(x: RoundInputs, mu: NDArray[np.float64], xi: NDArray[np.float64] | None) -> Diagnostics:
     n = x.replied.shape[0]
     norms = update_norms(x)
     if xi is None:
@@ -118,9 +116,7 @@ def _mix_replying(x: RoundInputs, xi_replied: NDArray[np.float64]) -> RoundOutpu
     )
 
 
-def _peer_mixing_round(
-    x: RoundInputs, mixing: Callable[[NDArray[np.float64]], NDArray[np.float64]]
-) -> RoundOutput:
+def _peer_mixing_round(x: RoundInputs, mixing: Callable[[NDArray[np.float64]], NDArray[np.float64]]) -> RoundOutput:
     """Send each replying client Σ_j ξ_ij·P̃_j, ξ = mixing(uploads [k, D]) [k, k]; a client alone keeps its own."""
     uploads = x.tuned[x.replied]
     if uploads.shape[0] == 0:
@@ -172,9 +168,7 @@ def fedavg_round(
     counts = x.num_examples
     bad = np.flatnonzero(x.replied & ~(np.isfinite(counts) & (counts >= 0)))
     if bad.size:
-        raise ValueError(
-            f"num_examples must be finite and >= 0 for replying clients; bad rows {bad[:10].tolist()}"
-        )
+        raise ValueError(f"num_examples must be finite and >= 0 for replying clients; bad rows {bad[:10].tolist()}")
     total = counts.sum()
     if not total > 0:
         raise ValueError("fedavg needs a positive total of num_examples over the replying clients, got 0")

@@ -224,9 +224,7 @@ def validate_round(
 
 
 # ----------------------------------------------------------------------------------------------- helpers
-def keep_rows(
-    new: NDArray[np.floating], old32: NDArray[np.float32], keep: NDArray[np.bool_]
-) -> NDArray[np.float32]:
+def keep_rows(new: NDArray[np.floating], old32: NDArray[np.float32], keep: NDArray[np.bool_]) -> NDArray[np.float32]:
     """float32 ``new`` with the rows in ``keep`` taken verbatim from ``old32``; never aliases an input."""
     return np.where(keep[:, None], old32, new.astype(np.float32))
 

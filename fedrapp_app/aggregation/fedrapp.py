@@ -144,20 +144,14 @@ def peer_weights(
     # a_ij in log space, shifted by each row's max so exp cannot overflow however small τ is.
     logits = log_rho[sources][None, :] + cos / tau
     has_sources = is_source.any(axis=1)
-    row_max = np.where(
-        has_sources, np.max(np.where(is_source, logits, -np.inf), axis=1, initial=-np.inf), 0.0
-    )
+    row_max = np.where(has_sources, np.max(np.where(is_source, logits, -np.inf), axis=1, initial=-np.inf), 0.0)
     a = np.exp(np.where(is_source, logits - row_max[:, None], -np.inf))
     w = np.zeros((n, n))
-    w[:, sources] = np.divide(
-        a, a.sum(axis=1, keepdims=True), out=np.zeros_like(a), where=has_sources[:, None]
-    )
+    w[:, sources] = np.divide(a, a.sum(axis=1, keepdims=True), out=np.zeros_like(a), where=has_sources[:, None])
     return w
 
 
-def peer_share(
-    w: NDArray[np.float64], rho: NDArray[np.float64], params: FedRAPPParams
-) -> NDArray[np.float64]:
+def peer_share(w: NDArray[np.float64], rho: NDArray[np.float64], params: FedRAPPParams) -> NDArray[np.float64]:
     """Step 6: γ [N], 0 without sources; a client less reliable than its sources leans on them more."""
     rho_bar = w @ rho
     ratio = np.divide(2.0 * rho_bar, rho_bar + rho, out=np.zeros_like(rho), where=rho_bar > 0)

@@ -57,8 +57,14 @@ def _global_statistic(x: RoundInputs, statistic: Callable[[NDArray[np.float64]],
 
 
 def fedmedian_round(
-    tuned: ArrayLike, sent: ArrayLike, memory: ArrayLike, h_pre: ArrayLike, h_post: ArrayLike,
-    replied: ArrayLike, num_examples: ArrayLike, params: FedMedianParams | None = None,
+    tuned: ArrayLike,
+    sent: ArrayLike,
+    memory: ArrayLike,
+    h_pre: ArrayLike,
+    h_post: ArrayLike,
+    replied: ArrayLike,
+    num_examples: ArrayLike,
+    params: FedMedianParams | None = None,
 ) -> RoundOutput:
     """fedmedian: P_g = coordinate-wise median of the replies, sent to every client."""
     x = validate_round(tuned, sent, memory, h_pre, h_post, replied, num_examples)
@@ -66,8 +72,14 @@ def fedmedian_round(
 
 
 def fedtrimmedavg_round(
-    tuned: ArrayLike, sent: ArrayLike, memory: ArrayLike, h_pre: ArrayLike, h_post: ArrayLike,
-    replied: ArrayLike, num_examples: ArrayLike, params: FedTrimmedAvgParams | None = None,
+    tuned: ArrayLike,
+    sent: ArrayLike,
+    memory: ArrayLike,
+    h_pre: ArrayLike,
+    h_post: ArrayLike,
+    replied: ArrayLike,
+    num_examples: ArrayLike,
+    params: FedTrimmedAvgParams | None = None,
 ) -> RoundOutput:
     """fedtrimmedavg: P_g = coordinate-wise trimmed mean of the replies (cut ``beta`` at each end)."""
     beta = (params or FedTrimmedAvgParams()).beta
@@ -76,11 +88,18 @@ def fedtrimmedavg_round(
 
 
 def krum_round(
-    tuned: ArrayLike, sent: ArrayLike, memory: ArrayLike, h_pre: ArrayLike, h_post: ArrayLike,
-    replied: ArrayLike, num_examples: ArrayLike, params: KrumParams | None = None,
+    tuned: ArrayLike,
+    sent: ArrayLike,
+    memory: ArrayLike,
+    h_pre: ArrayLike,
+    h_post: ArrayLike,
+    replied: ArrayLike,
+    num_examples: ArrayLike,
+    params: KrumParams | None = None,
 ) -> RoundOutput:
     """krum: P_g = the reply with the smallest summed distance to its n - f - 2 nearest replies."""
     f = int((params or KrumParams()).num_malicious)
     x = validate_round(tuned, sent, memory, h_pre, h_post, replied, num_examples)
     return _global_statistic(
-        x, lambda replies: aggregate_krum([([row], 1) for row in replies], num_malicious=f, to_keep=0)[0])
+        x, lambda replies: aggregate_krum([([row], 1) for row in replies], num_malicious=f, to_keep=0)[0]
+    )

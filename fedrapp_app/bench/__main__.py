@@ -27,12 +27,18 @@ def parse_assignments(items: list[str]) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m fedrapp_app.bench", description=__doc__.splitlines()[0])
     parser.add_argument("config", type=Path, help="benchmark YAML (e.g. conf/bench/testbed.yaml)")
-    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                        help="override a run-config key of the file's base (repeatable), e.g. --set data-dir=/data")
+    parser.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override a run-config key of the file's base (repeatable), e.g. --set data-dir=/data",
+    )
     parser.add_argument("--out", type=Path, default=None, help="bench directory (default: the YAML's 'output')")
     parser.add_argument("--workers", type=int, default=1, help="cells run in parallel processes (default 1)")
-    parser.add_argument("--threads", type=int, default=1,
-                        help="torch threads per worker (default 1; 0 = torch's default)")
+    parser.add_argument(
+        "--threads", type=int, default=1, help="torch threads per worker (default 1; 0 = torch's default)"
+    )
     parser.add_argument("--limit", type=int, default=None, help="run at most this many pending cells")
     parser.add_argument("--dry-run", action="store_true", help="validate and list the cells, run nothing")
     parser.add_argument("--no-report", action="store_true", help="do not write the report after the grid")
@@ -47,8 +53,10 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     runner = BenchRunner(spec, args.out)
     pending = runner.pending()
-    print(f"{spec.name}: {len(spec.cells)} cells, {len(spec.cells) - len(pending)} finished, "
-          f"{len(pending)} to run -> {runner.bench_dir}")
+    print(
+        f"{spec.name}: {len(spec.cells)} cells, {len(spec.cells) - len(pending)} finished, "
+        f"{len(pending)} to run -> {runner.bench_dir}"
+    )
     if args.dry_run:
         for cell in pending:
             print(f"  {cell.id}: {cell.overrides}")
@@ -59,8 +67,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {err}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
-        print(f"interrupted: {len(runner.rows)} cells have rows; run the same command again to resume",
-              file=sys.stderr)
+        print(f"interrupted: {len(runner.rows)} cells have rows; run the same command again to resume", file=sys.stderr)
         return 130
     if not args.no_report and rows:
         from fedrapp_app.bench.report import write_report

@@ -36,10 +36,20 @@ from fedrapp_app.testbed.tokenizer import build_word_tokenizer, words_of
 
 #: (classes, test images) of CoOp's test splits (Zhou et al., IJCV 2022, Table 7; TPT's ImageNet variants).
 PAPER_SIZES: dict[str, tuple[int, int]] = {
-    "flowers102": (102, 2463), "dtd": (47, 1692), "caltech101": (100, 2465), "oxford-pets": (37, 3669),
-    "food101": (101, 30300), "ucf101": (101, 3783), "sun397": (397, 19850), "fgvc-aircraft": (100, 3333),
-    "stanford-cars": (196, 8041), "imagenet": (1000, 50000), "imagenet-a": (200, 7500),
-    "imagenet-v2": (1000, 10000), "imagenet-r": (200, 30000), "imagenet-sketch": (1000, 50889),
+    "flowers102": (102, 2463),
+    "dtd": (47, 1692),
+    "caltech101": (100, 2465),
+    "oxford-pets": (37, 3669),
+    "food101": (101, 30300),
+    "ucf101": (101, 3783),
+    "sun397": (397, 19850),
+    "fgvc-aircraft": (100, 3333),
+    "stanford-cars": (196, 8041),
+    "imagenet": (1000, 50000),
+    "imagenet-a": (200, 7500),
+    "imagenet-v2": (1000, 10000),
+    "imagenet-r": (200, 30000),
+    "imagenet-sketch": (1000, 50889),
 }
 BATCH = 64
 CELLS_PER_DATASET = {"zeroshot": 3, "adaprompt": 12}  # 3 seeds; 4 strategies x 3 seeds
@@ -62,8 +72,12 @@ def vit_b16_random(classnames: list[str]) -> FrozenCLIP:
     """A frozen random-weight CLIP with the ViT-B/16 sizes (text 512 x 12 layers, vision 768 x 12, patch 16)."""
     tokenizer = build_word_tokenizer(words_of([*(t.replace("{}", "") for t in DEFAULT_TEXTS), *classnames]), 77)
     config = CLIPConfig(
-        text_config=dict(vocab_size=len(tokenizer), bos_token_id=tokenizer.bos_token_id,
-                         eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id),
+        text_config=dict(
+            vocab_size=len(tokenizer),
+            bos_token_id=tokenizer.bos_token_id,
+            eos_token_id=tokenizer.eos_token_id,
+            pad_token_id=tokenizer.pad_token_id,
+        ),
         vision_config=dict(patch_size=16, image_size=224),
         projection_dim=512,
     )
@@ -138,13 +152,25 @@ def weights_bytes() -> float:
     return float(sum(p.numel() * p.element_size() for p in model.parameters()))
 
 
-def estimate_table(adaprompt: StepCost, zeroshot: StepCost, decode: tuple[float, float], weights: float, *,
-                   peak_tflops: float,
-                   utilization: float, step_overhead: float, decode_workers: int, clients: int) -> str:
+def estimate_table(
+    adaprompt: StepCost,
+    zeroshot: StepCost,
+    decode: tuple[float, float],
+    weights: float,
+    *,
+    peak_tflops: float,
+    utilization: float,
+    step_overhead: float,
+    decode_workers: int,
+    clients: int,
+) -> str:
     """Markdown table: per dataset, client steps, TFLOP, estimated minutes and GB per cell."""
     sustained = peak_tflops * 1e12 * utilization
-    lines = ["| dataset | classes | test images | client steps | TFLOP / cell (AdaPrompt) | min / cell AdaPrompt "
-             "| min / cell zero-shot | peak GPU memory (GB, AdaPrompt) |", "|---|---|---|---|---|---|---|---|"]
+    lines = [
+        "| dataset | classes | test images | client steps | TFLOP / cell (AdaPrompt) | min / cell AdaPrompt "
+        "| min / cell zero-shot | peak GPU memory (GB, AdaPrompt) |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     total = 0.0
     for name, (classes, images) in PAPER_SIZES.items():
         steps = math.ceil(images / BATCH) + clients // 2  # Dirichlet partitions end in partial batches
@@ -157,8 +183,10 @@ def estimate_table(adaprompt: StepCost, zeroshot: StepCost, decode: tuple[float,
             total += CELLS_PER_DATASET[label] * minutes[label]
         flops, saved = adaprompt.at(classes)
         memory = (weights + 1.5 * saved) / 2**30 + 1.0  # +50% for transients, +1 GiB CUDA context/allocator
-        lines.append(f"| {name} | {classes} | {images} | {steps} | {steps * flops / 1e12:.0f} | "
-                     f"{minutes['adaprompt']:.1f} | {minutes['zeroshot']:.1f} | {memory:.1f} |")
+        lines.append(
+            f"| {name} | {classes} | {images} | {steps} | {steps * flops / 1e12:.0f} | "
+            f"{minutes['adaprompt']:.1f} | {minutes['zeroshot']:.1f} | {memory:.1f} |"
+        )
     lines.append(f"\nWhole grid (14 datasets x (3 zero-shot + 12 AdaPrompt cells)): about {total / 60:.1f} GPU hours.")
     return "\n".join(lines)
 
@@ -180,16 +208,32 @@ def main(argv: list[str] | None = None) -> None:
     weights = weights_bytes()
     print(f"measured on this CPU ({args.threads} threads, bf16 autocast), per step of {BATCH} images:")
     for label, cost in (("adaprompt", adaprompt), ("zeroshot", zeroshot)):
-        print(f"  {label}: {cost.flops[0] / 1e12:.3f} + {cost.flops[1] / 1e9:.2f}e-3 * C TFLOP, saved "
-              f"{cost.saved_bytes[0] / 2**20:.0f} + {cost.saved_bytes[1] / 2**20:.2f} * C MiB, "
-              f"{cost.cpu_seconds:.1f} s on the CPU at C = 16")
-    print(f"  JPEG decode {1000 * decode[0]:.1f} ms + preprocess {1000 * decode[1]:.1f} ms per image; "
-          f"weights {weights / 2**20:.0f} MiB fp32")
-    print(f"assumed: {args.utilization:.0%} of {args.peak_tflops:g} TFLOP/s sustained, {args.step_overhead * 1000:.0f}"
-          f" ms overhead per step, {args.decode_workers} decode threads\n")
-    print(estimate_table(adaprompt, zeroshot, decode, weights, peak_tflops=args.peak_tflops,
-                         utilization=args.utilization, step_overhead=args.step_overhead,
-                         decode_workers=args.decode_workers, clients=args.clients))
+        print(
+            f"  {label}: {cost.flops[0] / 1e12:.3f} + {cost.flops[1] / 1e9:.2f}e-3 * C TFLOP, saved "
+            f"{cost.saved_bytes[0] / 2**20:.0f} + {cost.saved_bytes[1] / 2**20:.2f} * C MiB, "
+            f"{cost.cpu_seconds:.1f} s on the CPU at C = 16"
+        )
+    print(
+        f"  JPEG decode {1000 * decode[0]:.1f} ms + preprocess {1000 * decode[1]:.1f} ms per image; "
+        f"weights {weights / 2**20:.0f} MiB fp32"
+    )
+    print(
+        f"assumed: {args.utilization:.0%} of {args.peak_tflops:g} TFLOP/s sustained, {args.step_overhead * 1000:.0f}"
+        f" ms overhead per step, {args.decode_workers} decode threads\n"
+    )
+    print(
+        estimate_table(
+            adaprompt,
+            zeroshot,
+            decode,
+            weights,
+            peak_tflops=args.peak_tflops,
+            utilization=args.utilization,
+            step_overhead=args.step_overhead,
+            decode_workers=args.decode_workers,
+            clients=args.clients,
+        )
+    )
 
 
 if __name__ == "__main__":

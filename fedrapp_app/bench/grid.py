@@ -175,17 +175,20 @@ class BenchRunner:
             config = row["config"]
             fingerprint = row.get("model_fingerprint")
             if fingerprint is not None and fingerprint != self.fingerprint(config):
-                problems.append(f"{row['id']}: computed with other weights of model "
-                                f"{config.get('model', DEFAULTS['model'])!r}")
+                problems.append(
+                    f"{row['id']}: computed with other weights of model {config.get('model', DEFAULTS['model'])!r}"
+                )
                 continue
             changed = self._changed_defaults(row)
             if changed:
                 problems.append(f"{row['id']}: computed with other defaults ({changed})")
         if problems:
             listing = "\n  ".join(problems[:5]) + (f"\n  ... and {len(problems) - 5} more" if len(problems) > 5 else "")
-            raise BenchError(f"{len(problems)} finished cell(s) in {self.bench_dir} belong to another experiment:\n"
-                             f"  {listing}\nrun into a new --out, or delete those rows from cells.jsonl to "
-                             "recompute them")
+            raise BenchError(
+                f"{len(problems)} finished cell(s) in {self.bench_dir} belong to another experiment:\n"
+                f"  {listing}\nrun into a new --out, or delete those rows from cells.jsonl to "
+                "recompute them"
+            )
 
     @staticmethod
     def _changed_defaults(row: Mapping[str, Any]) -> str:
@@ -200,15 +203,24 @@ class BenchRunner:
         return ", ".join(changed)
 
     def _finish(self, cell: Cell, result: CellResult) -> None:
-        row = make_row(cell.key, cell.id, cell.overrides, self.memberships(cell), result.summary,
-                       result.rounds, result.domains, result.seconds)
+        row = make_row(
+            cell.key,
+            cell.id,
+            cell.overrides,
+            self.memberships(cell),
+            result.summary,
+            result.rounds,
+            result.domains,
+            result.seconds,
+        )
         row["model_fingerprint"] = self.fingerprint(cell.overrides)
         row["bench_git"] = self.git
         self.rows.append(row)
         write_rows(self.bench_dir, self.rows)  # after every cell: an interruption loses at most running cells
 
-    def run(self, workers: int = 1, threads: int | None = 1, limit: int | None = None,
-            progress: bool = True) -> list[dict[str, Any]]:
+    def run(
+        self, workers: int = 1, threads: int | None = 1, limit: int | None = None, progress: bool = True
+    ) -> list[dict[str, Any]]:
         """Run every pending cell (at most ``limit``); return all rows. Failed cells are listed in ``failures``."""
         self.check_finished()
         self.bench_dir.mkdir(parents=True, exist_ok=True)
@@ -216,8 +228,13 @@ class BenchRunner:
         self.refresh_labels()
         todo = self.pending()[:limit]
         skipped = len(self.spec.cells) - len(self.pending())
-        bar = tqdm(total=len(todo), desc=f"{self.spec.name} ({skipped} done before)", unit="cell",
-                   disable=not progress, dynamic_ncols=True)
+        bar = tqdm(
+            total=len(todo),
+            desc=f"{self.spec.name} ({skipped} done before)",
+            unit="cell",
+            disable=not progress,
+            dynamic_ncols=True,
+        )
         try:
             if workers <= 1:
                 self._run_serial(todo, threads, bar)
@@ -247,8 +264,7 @@ class BenchRunner:
     def _run_parallel(self, todo: list[Cell], workers: int, threads: int | None, bar: tqdm) -> None:
         # spawn: a fresh interpreter per worker (fork after torch has started threads is unsafe)
         context = multiprocessing.get_context("spawn")
-        with ProcessPoolExecutor(workers, mp_context=context, initializer=_worker_init,
-                                 initargs=(threads,)) as pool:
+        with ProcessPoolExecutor(workers, mp_context=context, initializer=_worker_init, initargs=(threads,)) as pool:
             running: dict[Future, Cell] = {
                 pool.submit(_run_in_worker, dict(c.overrides), c.id, str(self.runs_dir)): c for c in todo
             }
@@ -266,4 +282,3 @@ class BenchRunner:
     def _failed(self, cell: Cell, err: BaseException) -> None:
         self.failures[cell.id] = f"{type(err).__name__}: {err}"
         log.error("cell %s failed: %s", cell.id, self.failures[cell.id])
-

@@ -33,8 +33,7 @@ from fedrapp_app.bench.stats import Setting, Stat, mean_std, settings_of
 PEER_RULES = ("fedrapp", "fedamp")
 
 #: Per-client curves that the traces figure draws, with their panel titles.
-TRACES = (("r", "reliability r"), ("mu", "memory rate μ (weight kept on the old memory)"),
-          ("gamma", "peer share γ"))
+TRACES = (("r", "reliability r"), ("mu", "memory rate μ (weight kept on the old memory)"), ("gamma", "peer share γ"))
 
 
 # ----------------------------------------------------------------------------------------- pure numbers
@@ -43,8 +42,10 @@ def domains_of(row: Mapping[str, Any]) -> dict[int, str]:
     out = {}
     for client, block in row["clients"].items():
         if block.get("domain") is None:
-            raise ValueError(f"row {row.get('id', '?')}: client {client} has no shift domain; the personalization "
-                             "report needs a testbed grid with testbed-domains set")
+            raise ValueError(
+                f"row {row.get('id', '?')}: client {client} has no shift domain; the personalization "
+                "report needs a testbed grid with testbed-domains set"
+            )
         out[int(client)] = str(block["domain"])
     return out
 
@@ -186,8 +187,14 @@ def share_figure(settings: Sequence[Setting], title: str, path: Path) -> Path:
                 per_round_uniform.setdefault(int(t), []).extend(uniform[mask, k])
         order = sorted(t for t, v in per_round.items() if v)
         ax.plot(order, [np.mean(per_round[t]) for t in order], color="black", linewidth=2, label="mean")
-        ax.plot(order, [np.mean(per_round_uniform[t]) for t in order], color="grey", linestyle="--",
-                linewidth=1.4, label="uniform weights")
+        ax.plot(
+            order,
+            [np.mean(per_round_uniform[t]) for t in order],
+            color="grey",
+            linestyle="--",
+            linewidth=1.4,
+            label="uniform weights",
+        )
         for t in sorted(partial):
             ax.axvspan(t - 0.5, t + 0.5, color="grey", alpha=0.12, linewidth=0)
         if partial:
@@ -197,13 +204,13 @@ def share_figure(settings: Sequence[Setting], title: str, path: Path) -> Path:
         ax.set_title(f"{s.method} (n={len(s.rows)} seeds)", fontsize=8)
         ax.set_ylim(-0.03, 1.03)
         ax.grid(alpha=0.3)
-    for ax in axes.flat[len(settings):]:
+    for ax in axes.flat[len(settings) :]:
         ax.axis("off")
     for ax in axes[-1]:
         ax.set_xlabel("round")
     for ax in axes[:, 0]:
         ax.set_ylabel("peer weight on same-domain peers", fontsize=8)
-    spare = list(axes.flat[len(settings):])
+    spare = list(axes.flat[len(settings) :])
     if spare:  # an empty panel holds the legend, which would otherwise hide curves
         spare[0].legend(*axes[0, 0].get_legend_handles_labels(), fontsize=8, loc="center")
     else:
@@ -231,17 +238,24 @@ def traces_figure(settings: Sequence[Setting], title: str, path: Path) -> Path:
             by_domain: dict[str, dict[int, list[float]]] = {}
             for row in s.rows:
                 for block in row["clients"].values():
-                    pairs = [(int(t), float(v)) for t, v in zip(block["round"], block[key], strict=True)
-                             if v is not None]
+                    pairs = [
+                        (int(t), float(v)) for t, v in zip(block["round"], block[key], strict=True) if v is not None
+                    ]
                     domain = str(block["domain"])
-                    ax.plot([t for t, _ in pairs], [v for _, v in pairs], color=colors[domain], alpha=0.2,
-                            linewidth=0.7)
+                    ax.plot(
+                        [t for t, _ in pairs], [v for _, v in pairs], color=colors[domain], alpha=0.2, linewidth=0.7
+                    )
                     for t, v in pairs:
                         by_domain.setdefault(domain, {}).setdefault(t, []).append(v)
             for domain, series in by_domain.items():
                 order = sorted(series)
-                ax.plot(order, [np.mean(series[t]) for t in order], color=colors[domain], linewidth=2.2,
-                        label=f"{domain} (mean)")
+                ax.plot(
+                    order,
+                    [np.mean(series[t]) for t in order],
+                    color=colors[domain],
+                    linewidth=2.2,
+                    label=f"{domain} (mean)",
+                )
             ax.grid(alpha=0.3)
         # the setting names the row (left), the quantity the column (top): long rule labels no longer collide
         row_axes[0].set_ylabel(textwrap.fill(s.method, 26), fontsize=8)
@@ -265,8 +279,11 @@ def _fmt(stat: Stat) -> str:
 def paired_gap(setting: Setting, reference: Setting, metric: str = "micro_accuracy") -> Stat:
     """Per seed, ``setting`` minus ``reference`` (same seed), then mean ± std over the seeds both have."""
     theirs = {row["config"].get("seed", 0): row["summary"][metric] for row in reference.rows}
-    return mean_std(row["summary"][metric] - theirs[seed] for row in setting.rows
-                    if (seed := row["config"].get("seed", 0)) in theirs)
+    return mean_std(
+        row["summary"][metric] - theirs[seed]
+        for row in setting.rows
+        if (seed := row["config"].get("seed", 0)) in theirs
+    )
 
 
 def pivot_markdown(settings: Sequence[Setting], metric: str = "micro_accuracy") -> str:
@@ -310,12 +327,18 @@ def pivot_markdown(settings: Sequence[Setting], metric: str = "micro_accuracy") 
             cells.append(f"**{text}**" if r not in oracle_rows and stat.mean == best[col] else text)
         label = f"{r} (oracle, reference)" if r in oracle_rows else r
         out.write(f"| {label} | " + " | ".join(cells) + " |\n")
-    def first_row_of(strategy: str) -> str | None:
-        return next((r for r in rows if any((s := table.get((r, c))) is not None and s.strategy == strategy
-                                            for c in cols)), None)
 
-    references = [("none-fed", first_row_of("none-fed")), ("FedAvg", first_row_of("fedavg")),
-                  ("the oracle", next(iter(oracle_rows), None))]
+    def first_row_of(strategy: str) -> str | None:
+        return next(
+            (r for r in rows if any((s := table.get((r, c))) is not None and s.strategy == strategy for c in cols)),
+            None,
+        )
+
+    references = [
+        ("none-fed", first_row_of("none-fed")),
+        ("FedAvg", first_row_of("fedavg")),
+        ("the oracle", next(iter(oracle_rows), None)),
+    ]
     for name, ref in references:
         if ref is None:
             continue
@@ -342,13 +365,17 @@ def grid_tables(settings: Sequence[Setting]) -> str:
         out.write(f"| {label} | " + " | ".join(_fmt(st[d]) if d in st else "" for d in domains) + " |\n")
     peered = [s for s in settings if s.strategy in PEER_RULES]
     if peered:
-        out.write("\n| peer-weighting setting | same-domain share, all rounds | uniform weights, same rounds | "
-                  "rounds with every client | uniform weights, same rounds |\n|---|---|---|---|---|\n")
+        out.write(
+            "\n| peer-weighting setting | same-domain share, all rounds | uniform weights, same rounds | "
+            "rounds with every client | uniform weights, same rounds |\n|---|---|---|---|---|\n"
+        )
         for s in peered:
             every, every_uniform = pooled_share(s.rows)
             full, full_uniform = pooled_share(s.rows, full_only=True)
-            out.write(f"| {s.method} | {every.format(digits=1)} | {every_uniform.format(digits=1)} | "
-                      f"{full.format(digits=1)} | {full_uniform.format(digits=1)} |\n")
+            out.write(
+                f"| {s.method} | {every.format(digits=1)} | {every_uniform.format(digits=1)} | "
+                f"{full.format(digits=1)} | {full_uniform.format(digits=1)} |\n"
+            )
     return out.getvalue()
 
 
@@ -361,9 +388,11 @@ def write_personalization(bench_dir: str | Path, out_dir: str | Path | None = No
     out.mkdir(parents=True, exist_ok=True)
     settings = settings_of(rows)
     text = io.StringIO()
-    text.write(f"# Per-domain accuracy and same-domain peer share: `{Path(bench_dir).name}`\n\n"
-               "Online accuracy (%) per shift domain, mean ± std over seeds; same-domain share (%) of the peer "
-               "weight of FedRAPP and FedAMP, mean over clients and rounds, ± std over seeds.\n\n")
+    text.write(
+        f"# Per-domain accuracy and same-domain peer share: `{Path(bench_dir).name}`\n\n"
+        "Online accuracy (%) per shift domain, mean ± std over seeds; same-domain share (%) of the peer "
+        "weight of FedRAPP and FedAMP, mean over clients and rounds, ± std over seeds.\n\n"
+    )
     for grid in dict.fromkeys(s.grid for s in settings):
         members = [s for s in settings if s.grid == grid]
         for context in dict.fromkeys(s.context_name for s in members):
@@ -388,8 +417,9 @@ def write_personalization(bench_dir: str | Path, out_dir: str | Path | None = No
 
 
 def main(argv: list[str] | None = None) -> int:
-    return report_main(argv, "python -m fedrapp_app.bench.personalization", __doc__, write_personalization,
-                       "personalization")
+    return report_main(
+        argv, "python -m fedrapp_app.bench.personalization", __doc__, write_personalization, "personalization"
+    )
 
 
 if __name__ == "__main__":

@@ -31,8 +31,14 @@ def curves_figure(settings: Sequence[Setting], title: str, path: Path) -> Path:
         color = "black" if s.strategy == "zeroshot" else f"C{i % 10}"
         for ax, numerator in zip(axes, ("correct", "correct_before"), strict=True):
             rounds, acc = round_curve(s.rows, numerator)
-            ax.plot(rounds, 100 * acc, color=color, linestyle=_STYLES[(i // 10) % len(_STYLES)], linewidth=1.4,
-                    label=f"{s.method} (n={len(s.rows)})")
+            ax.plot(
+                rounds,
+                100 * acc,
+                color=color,
+                linestyle=_STYLES[(i // 10) % len(_STYLES)],
+                linewidth=1.4,
+                label=f"{s.method} (n={len(s.rows)})",
+            )
     axes[0].set_title("online accuracy (after local adaptation)")
     axes[1].set_title("received prompt, before adaptation")
     for ax in axes:
@@ -59,8 +65,14 @@ def gains_figure(gains: Mapping[str, Sequence[tuple[str, Stat]]], title: str, pa
             y = methods.index(method) + (k - (len(contexts) - 1) / 2) * step
             low, high = gain.ci95()
             ax.plot([100 * low, 100 * high], [y, y], color=f"C{k}", linewidth=1.2)
-            ax.plot(100 * gain.mean, y, "o", color=f"C{k}", markersize=4,
-                    label=context if method == gains[context][0][0] else None)
+            ax.plot(
+                100 * gain.mean,
+                y,
+                "o",
+                color=f"C{k}",
+                markersize=4,
+                label=context if method == gains[context][0][0] else None,
+            )
     ax.axvline(0, color="black", linewidth=0.8)
     ax.set_yticks(range(len(methods)), methods, fontsize=8)
     ax.invert_yaxis()
@@ -93,8 +105,12 @@ def fedrapp_figure(row: Mapping[str, Any], title: str, path: Path) -> Path:
     domains = sorted({str(b["domain"]) for b in clients.values()})
     color_of = {d: f"C{i % 10}" for i, d in enumerate(domains)}
     fig, axes = plt.subplots(2, 2, figsize=(11, 7), sharex=True)
-    panels = (("r", "reliability r"), ("mu", "memory rate μ (weight of the old memory)"),
-              ("gamma", "peer share γ"), ("same_domain_share", "peer weight on same-domain clients"))
+    panels = (
+        ("r", "reliability r"),
+        ("mu", "memory rate μ (weight of the old memory)"),
+        ("gamma", "peer share γ"),
+        ("same_domain_share", "peer weight on same-domain clients"),
+    )
     seen_domain: dict[str, int] = {}
     for client, block in clients.items():
         domain = str(block["domain"])
@@ -102,8 +118,16 @@ def fedrapp_figure(row: Mapping[str, Any], title: str, path: Path) -> Path:
         seen_domain[domain] = seen_domain.get(domain, 0) + 1
         for ax, (key, _) in zip(axes.flat, panels, strict=True):
             rounds, values = _client_series(block, key)
-            ax.plot(rounds, values, color=color_of[domain], linestyle=style, linewidth=1.2, marker=".",
-                    markersize=3, label=f"client {client} ({domain})")
+            ax.plot(
+                rounds,
+                values,
+                color=color_of[domain],
+                linestyle=style,
+                linewidth=1.2,
+                marker=".",
+                markersize=3,
+                label=f"client {client} ({domain})",
+            )
     for ax, (_, name) in zip(axes.flat, panels, strict=True):
         ax.set_title(name, fontsize=9)
         ax.grid(alpha=0.3)

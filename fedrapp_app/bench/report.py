@@ -64,16 +64,19 @@ def _partial(text: str, n: int, seeds: int) -> str:
     return f"{text} ({n} of {seeds} seeds)" if 0 < n < seeds and text not in ("", "–") else text
 
 
-def grid_markdown(settings: Sequence[Setting], best: set[int], index: Mapping[str, Any],
-                  figures: Mapping[str, str], offset: int) -> str:
+def grid_markdown(
+    settings: Sequence[Setting], best: set[int], index: Mapping[str, Any], figures: Mapping[str, str], offset: int
+) -> str:
     """One grid's section: fixed settings, the micro-accuracy pivot, the full table and its figures."""
     grid = settings[0].grid
     out = io.StringIO()
     seeds = sorted({row["config"].get("seed", 0) for s in settings for row in s.rows})
     fixed = ", ".join(f"`{k}={v}`" for k, v in _fixed_settings(settings).items() if k != "seed")
-    out.write(f"## Grid `{grid}`\n\nSeeds: {', '.join(map(str, seeds))}. Fixed in every cell: {fixed or 'defaults'}."
-              " Values are top-1 accuracy in %, mean ± sample std over seeds; **bold** marks the best "
-              "non-oracle method of each column (micro online accuracy) among those with every seed.\n\n")
+    out.write(
+        f"## Grid `{grid}`\n\nSeeds: {', '.join(map(str, seeds))}. Fixed in every cell: {fixed or 'defaults'}."
+        " Values are top-1 accuracy in %, mean ± sample std over seeds; **bold** marks the best "
+        "non-oracle method of each column (micro online accuracy) among those with every seed.\n\n"
+    )
 
     contexts = list(dict.fromkeys(s.context_name for s in settings))
     methods = list(dict.fromkeys(_label(s) for s in settings))
@@ -96,14 +99,23 @@ def grid_markdown(settings: Sequence[Setting], best: set[int], index: Mapping[st
         out.write("| method | " + " | ".join(contexts) + " |\n|---|" + "---|" * len(contexts) + "\n")
         gain_of = {(s.context_name, _label(s)): g for s, g in gains}
         for method in methods:
-            row = [_partial(_gain_text(g), g.n, len(seeds)) if (g := gain_of.get((c, method))) else ""
-                   for c in contexts]
+            row = [
+                _partial(_gain_text(g), g.n, len(seeds)) if (g := gain_of.get((c, method))) else "" for c in contexts
+            ]
             if any(row):
                 out.write(f"| {method} | " + " | ".join(row) + " |\n")
 
     context_axes = list(settings[0].context)
-    headers = [*context_axes, "method", *(name for _, name in COLUMNS), "Δ micro vs none-fed",
-               "Δ 95% CI (t over seeds)", "peer weight on own domain (%)", "seeds", "s / cell"]
+    headers = [
+        *context_axes,
+        "method",
+        *(name for _, name in COLUMNS),
+        "Δ micro vs none-fed",
+        "Δ 95% CI (t over seeds)",
+        "peer weight on own domain (%)",
+        "seeds",
+        "s / cell",
+    ]
     out.write("\n### All numbers\n\n| " + " | ".join(headers) + " |\n")
     out.write("|" + "---|" * len(headers) + "\n")
     for i, (s, gain) in enumerate(gains):
@@ -111,8 +123,22 @@ def grid_markdown(settings: Sequence[Setting], best: set[int], index: Mapping[st
         values[0] = _bold(values[0], offset + i in best)
         share = s.same_domain_share().format(digits=0)
         interval = "" if gain is None else gain.format_ci95()
-        out.write("| " + " | ".join([*s.context.values(), _label(s), *values, _gain_text(gain), interval, share,
-                                     str(len(s.rows)), _seconds(s.seconds())]) + " |\n")
+        out.write(
+            "| "
+            + " | ".join(
+                [
+                    *s.context.values(),
+                    _label(s),
+                    *values,
+                    _gain_text(gain),
+                    interval,
+                    share,
+                    str(len(s.rows)),
+                    _seconds(s.seconds()),
+                ]
+            )
+            + " |\n"
+        )
     out.write(_signals_markdown(settings))
     for context in contexts:
         if context in figures:
@@ -128,20 +154,50 @@ def _signals_markdown(settings: Sequence[Setting]) -> str:
         if sig is None:
             continue
         corr = [f"{v:+.2f}" if math.isfinite(v) else "–" for v in (sig.r_vs_gain, sig.drop_vs_gain)]
-        lines.append("| " + " | ".join([s.context_name, _label(s), str(sig.pairs), f"{100 * sig.update_share:.0f}",
-                                        f"{sig.update_norm:.3f}", f"{100 * sig.norm_cv:.1f}",
-                                        f"{100 * sig.in_round_gain:+.2f}", *corr, f"{sig.mu_std:.3f}",
-                                        f"{sig.gamma:.2f}"]) + " |\n")
+        lines.append(
+            "| "
+            + " | ".join(
+                [
+                    s.context_name,
+                    _label(s),
+                    str(sig.pairs),
+                    f"{100 * sig.update_share:.0f}",
+                    f"{sig.update_norm:.3f}",
+                    f"{100 * sig.norm_cv:.1f}",
+                    f"{100 * sig.in_round_gain:+.2f}",
+                    *corr,
+                    f"{sig.mu_std:.3f}",
+                    f"{sig.gamma:.2f}",
+                ]
+            )
+            + " |\n"
+        )
     if not lines:
         return ""
-    headers = ["context", "method", "updates", "rounds with an update (%)", "mean ‖Δ‖",
-               "‖Δ‖ spread in a round (CV, %)", "in-round gain (points)", "corr(r, gain)", "corr(H drop, gain)",
-               "std μ", "mean γ"]
-    return ("\n### FedRAPP's signals, pooled over seeds\n\nPer (client, round) with an update: the in-round gain is "
-            "the accuracy after minus before the client's local step on that batch; the correlations (centred "
-            "within each round, as r's z-scores are) say whether r and the entropy drop pick the updates that "
-            "helped (0: no information).\n\n| " + " | ".join(headers) + " |\n|" + "---|" * len(headers) + "\n"
-            + "".join(lines))
+    headers = [
+        "context",
+        "method",
+        "updates",
+        "rounds with an update (%)",
+        "mean ‖Δ‖",
+        "‖Δ‖ spread in a round (CV, %)",
+        "in-round gain (points)",
+        "corr(r, gain)",
+        "corr(H drop, gain)",
+        "std μ",
+        "mean γ",
+    ]
+    return (
+        "\n### FedRAPP's signals, pooled over seeds\n\nPer (client, round) with an update: the in-round gain is "
+        "the accuracy after minus before the client's local step on that batch; the correlations (centred "
+        "within each round, as r's z-scores are) say whether r and the entropy drop pick the updates that "
+        "helped (0: no information).\n\n| "
+        + " | ".join(headers)
+        + " |\n|"
+        + "---|" * len(headers)
+        + "\n"
+        + "".join(lines)
+    )
 
 
 def settings_records(settings: Sequence[Setting], best: set[int], index: Mapping[str, Any]) -> list[dict[str, Any]]:
@@ -158,8 +214,13 @@ def settings_records(settings: Sequence[Setting], best: set[int], index: Mapping
         low, high = gain.ci95() if gain else ("", "")
         record["gain_vs_none_fed_ci95_low"], record["gain_vs_none_fed_ci95_high"] = low, high
         share = s.same_domain_share()
-        record.update(same_domain_share_mean=share.mean, seeds=len(s.rows), seconds_mean=s.seconds().mean,
-                      best=i in best, oracle=s.oracle)
+        record.update(
+            same_domain_share_mean=share.mean,
+            seeds=len(s.rows),
+            seconds_mean=s.seconds().mean,
+            best=i in best,
+            oracle=s.oracle,
+        )
         records.append(record)
     return records
 
@@ -175,9 +236,18 @@ def _csv_text(records: Sequence[Mapping[str, Any]]) -> str:
 
 def cell_records(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
     """One CSV record per cell: id, overrides (JSON) and summary numbers."""
-    return [{"key": r["key"], "id": r["id"], "config": json.dumps(r["config"], sort_keys=True),
-             **{k: r["summary"][k] for k, _ in COLUMNS}, "samples": r["summary"]["samples"],
-             "rounds": r["summary"]["rounds"], "seconds": r["seconds"]} for r in rows]
+    return [
+        {
+            "key": r["key"],
+            "id": r["id"],
+            "config": json.dumps(r["config"], sort_keys=True),
+            **{k: r["summary"][k] for k, _ in COLUMNS},
+            "samples": r["summary"]["samples"],
+            "rounds": r["summary"]["rounds"],
+            "seconds": r["seconds"],
+        }
+        for r in rows
+    ]
 
 
 def write_gain_figures(settings: Sequence[Setting], index: Mapping[str, Any], out_dir: Path) -> dict[str, str]:
@@ -223,8 +293,10 @@ def write_report(bench_dir: str | Path, out_dir: str | Path | None = None) -> Pa
     bench_dir = Path(bench_dir)
     rows = read_rows(bench_dir)
     if not rows:
-        raise FileNotFoundError(f"no finished cells in {bench_dir / 'cells.jsonl'}: run the grid first "
-                                "(python -m fedrapp_app.bench <bench.yaml>)")
+        raise FileNotFoundError(
+            f"no finished cells in {bench_dir / 'cells.jsonl'}: run the grid first "
+            "(python -m fedrapp_app.bench <bench.yaml>)"
+        )
     out = Path(out_dir) if out_dir else bench_dir / "report"
     out.mkdir(parents=True, exist_ok=True)
     settings = settings_of(rows)
@@ -234,10 +306,12 @@ def write_report(bench_dir: str | Path, out_dir: str | Path | None = None) -> Pa
     gain_figures = write_gain_figures(settings, index, out)
 
     text = io.StringIO()
-    text.write(f"# Benchmark `{bench_dir.name}`\n\nRegenerate: `python -m fedrapp_app.bench.report {bench_dir}` "
-               f"({len(rows)} cells). Online accuracy counts each sample once, predicted in the round it arrived "
-               "after the client's local adaptation (SPEC §7); \"received prompt\" scores the prompt the "
-               "server sent, before adaptation.\n\n")
+    text.write(
+        f"# Benchmark `{bench_dir.name}`\n\nRegenerate: `python -m fedrapp_app.bench.report {bench_dir}` "
+        f"({len(rows)} cells). Online accuracy counts each sample once, predicted in the round it arrived "
+        'after the client\'s local adaptation (SPEC §7); "received prompt" scores the prompt the '
+        "server sent, before adaptation.\n\n"
+    )
     grids = list(dict.fromkeys(s.grid for s in settings))
     for grid in grids:
         members = [(i, s) for i, s in enumerate(settings) if s.grid == grid]

@@ -60,8 +60,9 @@ def write_text_atomic(path: Path, text: str) -> None:
     tmp.replace(path)
 
 
-def report_main(argv: list[str] | None, prog: str, doc: str, write: Callable[[Path, Path | None], Path],
-                default_out: str) -> int:
+def report_main(
+    argv: list[str] | None, prog: str, doc: str, write: Callable[[Path, Path | None], Path], default_out: str
+) -> int:
     """The command line of a report module: ``<bench-dir> [--out DIR]``; prints the written path, 2 on bad input."""
     parser = argparse.ArgumentParser(prog=prog, description=doc.splitlines()[0])
     parser.add_argument("bench_dir", type=Path, help="a bench directory (holds cells.jsonl)")
@@ -100,9 +101,28 @@ def curves_from_rounds(rounds: Sequence[Mapping[str, Any]], domains: Sequence[st
         agg[1] += row["correct"]
         agg[2] += row["correct_before"]
         agg[3] += 1
-        block = clients.setdefault(c, {"domain": domains[c] if c < len(domains) else None, **{
-            k: [] for k in ("round", "n", "acc", "acc_before", "h_pre", "h_post", "update_norm", "r", "mu",
-                            "gamma", "same_domain_share")}})
+        block = clients.setdefault(
+            c,
+            {
+                "domain": domains[c] if c < len(domains) else None,
+                **{
+                    k: []
+                    for k in (
+                        "round",
+                        "n",
+                        "acc",
+                        "acc_before",
+                        "h_pre",
+                        "h_post",
+                        "update_norm",
+                        "r",
+                        "mu",
+                        "gamma",
+                        "same_domain_share",
+                    )
+                },
+            },
+        )
         block["round"].append(t)
         block["n"].append(row["num_examples"])
         for key in ("acc", "acc_before", "h_pre", "h_post"):
@@ -139,7 +159,8 @@ def make_row(
     curves = curves_from_rounds(rounds, domains)
     per_client_before = [
         sum(a * n for a, n in zip(b["acc_before"], b["n"], strict=True)) / sum(b["n"])
-        for b in curves["clients"].values() if sum(b["n"])
+        for b in curves["clients"].values()
+        if sum(b["n"])
     ]
     return {
         "key": key,
@@ -163,4 +184,3 @@ def make_row(
         "git": summary.get("git"),
         **curves,
     }
-

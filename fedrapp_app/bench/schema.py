@@ -69,8 +69,13 @@ class Membership:
     def to_json(self, oracles: tuple[str, ...] = ()) -> dict[str, Any]:
         """The row's record of this membership; ``oracle`` when a compared label is one of ``oracles``."""
         oracle = any(self.labels[a] in oracles for a in self.compare)
-        return {"index": self.index, "labels": self.labels, "order": list(self.order),
-                "compare": list(self.compare), "oracle": oracle}
+        return {
+            "index": self.index,
+            "labels": self.labels,
+            "order": list(self.order),
+            "compare": list(self.compare),
+            "oracle": oracle,
+        }
 
 
 @dataclass
@@ -148,8 +153,7 @@ def _mapping(value: Any, where: str) -> dict[str, Any]:
 def _unknown(found: Mapping[str, Any], allowed: set[str], where: str) -> None:
     extra = sorted(set(found) - allowed)
     if extra:
-        raise BenchError(f"{where}: unknown entr{'ies' if len(extra) > 1 else 'y'} {extra}; "
-                         f"allowed: {sorted(allowed)}")
+        raise BenchError(f"{where}: unknown entr{'ies' if len(extra) > 1 else 'y'} {extra}; allowed: {sorted(allowed)}")
 
 
 def _axis(name: str, values: Any, where: str) -> list[tuple[str, dict[str, Any]]]:
@@ -157,14 +161,18 @@ def _axis(name: str, values: Any, where: str) -> list[tuple[str, dict[str, Any]]
     if isinstance(values, Mapping):
         if not values:
             raise BenchError(f"{where}: axis {name!r} has no values")
-        return [(str(label), _mapping(over, f"{where}: variant {label!r} of axis {name!r}"))
-                for label, over in values.items()]
+        return [
+            (str(label), _mapping(over, f"{where}: variant {label!r} of axis {name!r}"))
+            for label, over in values.items()
+        ]
     if isinstance(values, list) and values:
         if any(isinstance(v, list | Mapping) for v in values):
             raise BenchError(f"{where}: axis {name!r} lists plain values, or maps variant labels to overrides")
         if name not in DEFAULTS:
-            raise BenchError(f"{where}: axis {name!r} lists values but is not a run-config key; name the "
-                             "variants instead ({label: {key: value, ...}, ...})")
+            raise BenchError(
+                f"{where}: axis {name!r} lists values but is not a run-config key; name the "
+                "variants instead ({label: {key: value, ...}, ...})"
+            )
         labels = [str(v) for v in values]
         if len(set(labels)) < len(labels):
             raise BenchError(f"{where}: axis {name!r} repeats a value: {values}")
@@ -175,8 +183,10 @@ def _axis(name: str, values: Any, where: str) -> list[tuple[str, dict[str, Any]]
 def _check_overrides(overrides: Mapping[str, Any], where: str) -> None:
     runner = [k for k in RUNNER_KEYS if k in overrides]
     if runner:
-        raise BenchError(f"{where}: {runner} are set by the benchmark runner (each cell writes into "
-                         "<output>/runs/<cell>); remove them and set 'output' at the top of the file instead")
+        raise BenchError(
+            f"{where}: {runner} are set by the benchmark runner (each cell writes into "
+            "<output>/runs/<cell>); remove them and set 'output' at the top of the file instead"
+        )
     try:
         RunConfig.from_run_config(overrides)
     except ConfigError as err:
@@ -197,8 +207,10 @@ def _grid_cells(index: int, name: str, grid: Any, base: dict[str, Any], cells: d
         raise BenchError(f"{where}: say which axes hold the compared methods, e.g. compare: [{next(iter(axes))}]")
     missing = [a for a in compare if a not in axes]
     if missing or SEED_AXIS in compare:
-        raise BenchError(f"{where}: compare lists {missing or [SEED_AXIS]}, which must be axes other than "
-                         f"{SEED_AXIS!r}; axes: {list(axes)}")
+        raise BenchError(
+            f"{where}: compare lists {missing or [SEED_AXIS]}, which must be axes other than "
+            f"{SEED_AXIS!r}; axes: {list(axes)}"
+        )
     grid_base = {**base, **_mapping(grid.get("base"), f"{where}: base")}
     seen: set[str] = set()
     for combo in itertools.product(*(list(enumerate(v)) for v in axes.values())):

@@ -22,9 +22,38 @@ from fedrapp_app.config import DEFAULTS
 METRICS = ("micro_accuracy", "macro_accuracy", "micro_accuracy_received_prompt")
 
 #: Two-sided 95% quantiles of Student's t (0.975 quantile) for 1..30 degrees of freedom (no scipy needed).
-_T975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145,
-         2.131, 2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048,
-         2.045, 2.042)
+_T975 = (
+    12.706,
+    4.303,
+    3.182,
+    2.776,
+    2.571,
+    2.447,
+    2.365,
+    2.306,
+    2.262,
+    2.228,
+    2.201,
+    2.179,
+    2.160,
+    2.145,
+    2.131,
+    2.120,
+    2.110,
+    2.101,
+    2.093,
+    2.086,
+    2.080,
+    2.074,
+    2.069,
+    2.064,
+    2.060,
+    2.056,
+    2.052,
+    2.048,
+    2.045,
+    2.042,
+)
 
 
 def t975(dof: int) -> float:
@@ -119,8 +148,12 @@ class Setting:
         """Share of the peer weight on same-domain clients: mean over clients and rounds, then over seeds."""
         per_seed = []
         for row in self.rows:
-            values = [v for block in row.get("clients", {}).values() for v in block.get("same_domain_share", [])
-                      if v is not None]
+            values = [
+                v
+                for block in row.get("clients", {}).values()
+                for v in block.get("same_domain_share", [])
+                if v is not None
+            ]
             per_seed.append(float(np.mean(values)) if values else None)
         return mean_std(per_seed)
 
@@ -150,8 +183,9 @@ def settings_of(rows: Sequence[Mapping[str, Any]]) -> list[Setting]:
             order = tuple(member["order"][i] for i in keep)
             ident = (grid, tuple(labels.items()))
             if ident not in groups:
-                groups[ident] = Setting(grid, member["index"], labels, order, tuple(member["compare"]),
-                                        bool(member.get("oracle")))
+                groups[ident] = Setting(
+                    grid, member["index"], labels, order, tuple(member["compare"]), bool(member.get("oracle"))
+                )
             groups[ident].rows.append(dict(row))
 
     def sort_key(s: Setting) -> tuple:
@@ -253,8 +287,18 @@ def fedrapp_signals(rows: Sequence[Mapping[str, Any]]) -> Signals | None:
     mus, gammas, total = [], [], 0
     for seed_index, row in enumerate(rows):
         for block in row.get("clients", {}).values():
-            traces = zip(block["round"], block["update_norm"], block["r"], block["mu"], block["gamma"],
-                         block["h_pre"], block["h_post"], block["acc"], block["acc_before"], strict=True)
+            traces = zip(
+                block["round"],
+                block["update_norm"],
+                block["r"],
+                block["mu"],
+                block["gamma"],
+                block["h_pre"],
+                block["h_post"],
+                block["acc"],
+                block["acc_before"],
+                strict=True,
+            )
             for t, norm, r, mu, gamma, h_pre, h_post, acc, acc_before in traces:
                 total += 1
                 if norm is None or r is None or norm <= 1e-8:
@@ -270,9 +314,13 @@ def fedrapp_signals(rows: Sequence[Mapping[str, Any]]) -> Signals | None:
     gains = np.array([g for *_, g in records])
     cvs = [float(np.std(v) / np.mean(v)) for v in norms.values() if len(v) > 1]
     return Signals(
-        pairs=len(records), update_share=len(records) / total,
+        pairs=len(records),
+        update_share=len(records) / total,
         update_norm=float(np.mean([n for v in norms.values() for n in v])),
-        norm_cv=float(np.median(cvs)) if cvs else float("nan"), in_round_gain=float(gains.mean()),
-        r_vs_gain=_pearson(centred[:, 0], centred[:, 2]), drop_vs_gain=_pearson(centred[:, 1], centred[:, 2]),
+        norm_cv=float(np.median(cvs)) if cvs else float("nan"),
+        in_round_gain=float(gains.mean()),
+        r_vs_gain=_pearson(centred[:, 0], centred[:, 2]),
+        drop_vs_gain=_pearson(centred[:, 1], centred[:, 2]),
         mu_std=float(np.std([m for m in mus if m is not None])),
-        gamma=float(np.mean([g for g in gammas if g is not None])))
+        gamma=float(np.mean([g for g in gammas if g is not None])),
+    )

@@ -81,8 +81,11 @@ def normalisation(processor: object) -> tuple[Tensor, Tensor]:
 
 # ----- random resized crop + flip -------------------------------------------------------------------
 def crop_flip_thetas(
-    n: int, generator: torch.Generator, scale: tuple[float, float] = (0.08, 1.0),
-    ratio: tuple[float, float] = (3 / 4, 4 / 3), attempts: int = 10,
+    n: int,
+    generator: torch.Generator,
+    scale: tuple[float, float] = (0.08, 1.0),
+    ratio: tuple[float, float] = (3 / 4, 4 / 3),
+    attempts: int = 10,
 ) -> Tensor:
     """``n`` random resized crops with random horizontal flips as affine maps -> Tensor[n, 2, 3].
 
@@ -205,8 +208,14 @@ def augmix(x: Tensor, generator: torch.Generator, severity: float = 1.0, width: 
 
 
 def tpt_views(
-    pixels: Tensor, n_views: int, generator: torch.Generator, *, use_augmix: bool = False,
-    mean: Tensor | None = None, std: Tensor | None = None, severity: float = 1.0,
+    pixels: Tensor,
+    n_views: int,
+    generator: torch.Generator,
+    *,
+    use_augmix: bool = False,
+    mean: Tensor | None = None,
+    std: Tensor | None = None,
+    severity: float = 1.0,
 ) -> Tensor:
     """The original view plus ``n_views`` augmented ones of one preprocessed image.
 

@@ -78,8 +78,10 @@ def check_precision(precision: str, device: torch.device) -> None:
     if precision not in PRECISIONS:
         raise ValueError(f"precision={precision!r} is not one of {sorted(PRECISIONS)}")
     if precision == "fp16" and device.type == "cpu":
-        raise ValueError("precision='fp16' needs a GPU (float16 autocast is not supported on CPU); "
-                         "use precision='bf16' or 'fp32' on CPU")
+        raise ValueError(
+            "precision='fp16' needs a GPU (float16 autocast is not supported on CPU); "
+            "use precision='bf16' or 'fp32' on CPU"
+        )
 
 
 def resolve_source(source: str | Path) -> tuple[str, bool]:
@@ -96,8 +98,10 @@ def resolve_source(source: str | Path) -> tuple[str, bool]:
     if path.is_dir():
         return str(path), True
     if text.startswith((".", "/", "~")) or path.is_file() or text.count("/") > 1:
-        raise FileNotFoundError(f"model folder {text!r} does not exist (a local CLIP checkpoint folder, "
-                                f"a Hub id such as {DEFAULT_CHECKPOINT!r}, or 'testbed' were expected)")
+        raise FileNotFoundError(
+            f"model folder {text!r} does not exist (a local CLIP checkpoint folder, "
+            f"a Hub id such as {DEFAULT_CHECKPOINT!r}, or 'testbed' were expected)"
+        )
     return text, False
 
 
@@ -130,9 +134,11 @@ def _from_pretrained(where: str, local_files_only: bool) -> tuple[CLIPModel, Pre
     with _quiet_progress_bars():
         config = AutoConfig.from_pretrained(where, local_files_only=local_files_only)
         if not isinstance(config, CLIPConfig):
-            raise ValueError(f"{where!r} holds a {type(config).__name__} (model_type="
-                             f"{getattr(config, 'model_type', '?')!r}), not a CLIP checkpoint; "
-                             "FedRAPP needs a CLIPModel checkpoint such as " + repr(DEFAULT_CHECKPOINT))
+            raise ValueError(
+                f"{where!r} holds a {type(config).__name__} (model_type="
+                f"{getattr(config, 'model_type', '?')!r}), not a CLIP checkpoint; "
+                "FedRAPP needs a CLIPModel checkpoint such as " + repr(DEFAULT_CHECKPOINT)
+            )
         model = CLIPModel.from_pretrained(where, config=config, local_files_only=local_files_only)
         tokenizer = AutoTokenizer.from_pretrained(where, local_files_only=local_files_only)
         image_processor = AutoImageProcessor.from_pretrained(where, local_files_only=local_files_only)

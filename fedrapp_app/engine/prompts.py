@@ -66,8 +66,9 @@ class PromptedCLIP:
             raise ValueError(f"the tokenizer of {clip.source!r} has no BOS/EOS token; not a CLIP tokenizer")
         # Class-name tokens: "<name>." followed by EOS. Tokenizing the name alone gives the same ids
         # as inside "<context words> <name>." for CLIP's BPE (it splits on whitespace first).
-        suffix_ids = [self._token_ids(f"{name}.", what=f"class name {name!r}") + [tok.eos_token_id]
-                      for name in classnames]
+        suffix_ids = [
+            self._token_ids(f"{name}.", what=f"class name {name!r}") + [tok.eos_token_id] for name in classnames
+        ]
         self.suffix_lengths = torch.tensor([len(ids) for ids in suffix_ids], device=self.device)  # [C]
         longest = max(range(len(classnames)), key=lambda c: len(suffix_ids[c]))
         if 2 + len(suffix_ids[longest]) > clip.max_text_length:
@@ -128,8 +129,9 @@ class PromptedCLIP:
             return block.to(self.device, torch.float32).unsqueeze(0).expand(num_classes, -1, -1)
         if block.dim() == 3 and block.shape[0] == num_classes and block.shape[2] == width:
             return block.to(self.device, torch.float32)
-        raise ValueError(f"a context block must be [n, {width}] or [{num_classes}, n, {width}]; "
-                         f"got {tuple(block.shape)}")
+        raise ValueError(
+            f"a context block must be [n, {width}] or [{num_classes}, n, {width}]; got {tuple(block.shape)}"
+        )
 
     #: Pad every sequence to the encoder's full context (77) instead of cutting it after the batch's last
     #: EOS. Same features, much slower: only for the naive path of benchmarks and for tests.
@@ -186,22 +188,30 @@ class PromptedCLIP:
         prefix_len = max(sizes)
         lengths = torch.tensor(sizes, device=self.device)  # [G]
         positions = text.embeddings.position_embedding.weight  # [max_len, D]
-        prefix = torch.stack([
-            F.pad(torch.cat([self.sos_embed.unsqueeze(0), ctx.float()]), (0, 0, 0, prefix_len - 1 - ctx.shape[0]))
-            for ctx in contexts
-        ]) + positions[:prefix_len]  # [G, P, D]
+        prefix = (
+            torch.stack(
+                [
+                    F.pad(
+                        torch.cat([self.sos_embed.unsqueeze(0), ctx.float()]), (0, 0, 0, prefix_len - 1 - ctx.shape[0])
+                    )
+                    for ctx in contexts
+                ]
+            )
+            + positions[:prefix_len]
+        )  # [G, P, D]
         # class token t of block g sits at position (1 + n_g) + offset_t
         suffix = self._packed_suffix + positions[lengths.unsqueeze(1) + self._token_offset]  # [G, T, D]
         rows = torch.cat([prefix.flatten(0, 1), suffix.flatten(0, 1)])  # [G*P + G*T, D]
         masks = self._shared_prefix_masks(lengths, prefix_len)
         with record_function("fedrapp.text_pass"), self.clip.autocast():
             for index, layer in enumerate(text.encoder.layers):
-                attended = self._shared_prefix_attention(index, layer.self_attn, layer.layer_norm1(rows),
-                                                         groups, prefix_len, masks)
+                attended = self._shared_prefix_attention(
+                    index, layer.self_attn, layer.layer_norm1(rows), groups, prefix_len, masks
+                )
                 rows = rows + layer.self_attn.out_proj(attended)
                 rows = rows + layer.mlp(layer.layer_norm2(rows))
             # LayerNorm is per token, so pooling first is exact and skips the other positions.
-            eos = rows[groups * prefix_len:].view(groups, -1, rows.shape[-1])[:, self._eos_rows]  # [G, C, D]
+            eos = rows[groups * prefix_len :].view(groups, -1, rows.shape[-1])[:, self._eos_rows]  # [G, C, D]
             features = self.clip.model.text_projection(text.final_layer_norm(eos))
         return F.normalize(features.float(), dim=-1)
 
@@ -222,12 +232,19 @@ class PromptedCLIP:
         """Layer ``index``'s q, k, v projections as one frozen Tensor[3D, D] weight and Tensor[3D] bias."""
         if index not in self._qkv:
             projections = (attention.q_proj, attention.k_proj, attention.v_proj)
-            self._qkv[index] = (torch.cat([p.weight for p in projections]).detach(),
-                                torch.cat([p.bias for p in projections]).detach())
+            self._qkv[index] = (
+                torch.cat([p.weight for p in projections]).detach(),
+                torch.cat([p.bias for p in projections]).detach(),
+            )
         return self._qkv[index]
 
     def _shared_prefix_attention(
-        self, index: int, attention: torch.nn.Module, x: Tensor, groups: int, prefix_len: int,
+        self,
+        index: int,
+        attention: torch.nn.Module,
+        x: Tensor,
+        groups: int,
+        prefix_len: int,
         masks: tuple[Tensor, Tensor, Tensor],
     ) -> Tensor:
         """CLIP self-attention (before ``out_proj``) of the shared-prefix rows: Tensor[R, D] -> Tensor[R, D].
@@ -251,8 +268,9 @@ class PromptedCLIP:
         to_prefix = (torch.einsum("gcshd,gphd->gchsp", q_s, k_p) * scale).masked_fill(~visible, float("-inf"))
         to_own = (torch.einsum("gcshd,gcthd->gchst", q_s, k_s) * scale).masked_fill(~causal_suffix, float("-inf"))
         weights = torch.cat([to_prefix, to_own], -1).softmax(-1)
-        out_suffix = (torch.einsum("gchsp,gphd->gcshd", weights[..., :prefix_len], v_p)
-                      + torch.einsum("gchst,gcthd->gcshd", weights[..., prefix_len:], v_s))
+        out_suffix = torch.einsum("gchsp,gphd->gcshd", weights[..., :prefix_len], v_p) + torch.einsum(
+            "gchst,gcthd->gcshd", weights[..., prefix_len:], v_s
+        )
         out_suffix = out_suffix.reshape(groups, num_classes * suffix_len, -1).index_select(1, slot)
         return torch.cat([out_prefix, out_suffix.flatten(0, 1)]).to(x.dtype)
 
@@ -309,8 +327,10 @@ class PromptedCLIP:
             texts = [self.template.format(name) for name in self.classnames]
             tokens = self.clip.tokenizer(texts, padding=True, return_tensors="pt")
             if tokens["input_ids"].shape[1] > self.clip.max_text_length:
-                raise ValueError(f"a zero-shot prompt of template {self.template!r} exceeds the text encoder's "
-                                 f"context of {self.clip.max_text_length} tokens; shorten the class names")
+                raise ValueError(
+                    f"a zero-shot prompt of template {self.template!r} exceeds the text encoder's "
+                    f"context of {self.clip.max_text_length} tokens; shorten the class names"
+                )
             with torch.no_grad(), self.clip.autocast():
                 out = self.clip.model.get_text_features(
                     input_ids=tokens["input_ids"].to(self.device),

@@ -123,8 +123,10 @@ class ConfidenceBuffer:
         labels = torch.from_numpy(np.array(arrays[f"{prefix}labels"], dtype=np.int64))
         confidences = torch.from_numpy(np.array(arrays[f"{prefix}confidences"], dtype=np.float32))
         if not (features.dim() == 2 and features.shape[0] == labels.shape[0] == confidences.shape[0]):
-            raise ValueError("saved buffer arrays have inconsistent shapes: "
-                             f"{tuple(features.shape)}, {tuple(labels.shape)}, {tuple(confidences.shape)}")
+            raise ValueError(
+                "saved buffer arrays have inconsistent shapes: "
+                f"{tuple(features.shape)}, {tuple(labels.shape)}, {tuple(confidences.shape)}"
+            )
         if labels.shape[0] > self.capacity:
             raise ValueError(f"saved buffer holds {labels.shape[0]} rows, more than its capacity {self.capacity}")
         self.features, self.labels, self.confidences = features, labels, confidences
@@ -212,8 +214,13 @@ class AdaPrompt(LocalMethod):
             predictions_before=before.argmax(-1).cpu(),
             h_pre=mean_entropy(before),
             h_post=mean_entropy(after),
-            stats={"loss": loss, "updated": float(update), "buffer_fill": float(len(self.buffer)),
-                   "confident": float(confident.sum()), "stored": float(stored)},
+            stats={
+                "loss": loss,
+                "updated": float(update),
+                "buffer_fill": float(len(self.buffer)),
+                "confident": float(confident.sum()),
+                "stored": float(stored),
+            },
         )
 
     def state_dict(self) -> dict[str, np.ndarray]:

@@ -123,8 +123,10 @@ def load_adamw_state(
         for moment in _MOMENTS:
             value = torch.from_numpy(np.array(arrays[f"{prefix}{moment}.{k}"], dtype=np.float32))
             if tuple(value.shape) != tuple(param.shape):
-                raise ValueError(f"saved optimizer moment {prefix}{moment}.{k} has shape {tuple(value.shape)}, "
-                                 f"the prompt block has {tuple(param.shape)}")
+                raise ValueError(
+                    f"saved optimizer moment {prefix}{moment}.{k} has shape {tuple(value.shape)}, "
+                    f"the prompt block has {tuple(param.shape)}"
+                )
             state[moment] = value.to(param.device)
         optimizer.state[param] = state
 

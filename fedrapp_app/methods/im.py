@@ -161,17 +161,23 @@ class InformationMaximisation(LocalMethod):
             predictions_before=before.detach().argmax(-1).cpu(),
             h_pre=mean_entropy(before),
             h_post=mean_entropy(after),
-            stats={"loss": float(loss.detach()), "entropy": float(conditional.detach()),
-                   "diversity": float(diversity.detach()),
-                   "marginal_entropy": float(-(marginal * marginal.clamp_min(1e-30).log()).sum()), "updated": 1.0},
+            stats={
+                "loss": float(loss.detach()),
+                "entropy": float(conditional.detach()),
+                "diversity": float(diversity.detach()),
+                "marginal_entropy": float(-(marginal * marginal.clamp_min(1e-30).log()).sum()),
+                "updated": 1.0,
+            },
         )
 
     def _fold_into_running_marginal(self, marginal: Tensor) -> Tensor:
         """Add this batch's marginal Tensor[C] to the running one; return the bias-corrected m Tensor[C]."""
         num_classes = marginal.shape[0]
         if self._ema is not None and self._ema.shape != (num_classes,):
-            raise ValueError(f"{self.name}: the saved running marginal has {self._ema.shape[0]} classes, "
-                             f"the model has {num_classes}; this client state belongs to another dataset")
+            raise ValueError(
+                f"{self.name}: the saved running marginal has {self._ema.shape[0]} classes, "
+                f"the model has {num_classes}; this client state belongs to another dataset"
+            )
         ema = torch.zeros(num_classes) if self._ema is None else torch.from_numpy(self._ema.copy())
         ema, self._count, corrected = update_running_marginal(ema, self._count, marginal, self.params.ema_momentum)
         self._ema = ema.numpy()
@@ -186,19 +192,24 @@ class InformationMaximisation(LocalMethod):
 
     def load_state_dict(self, state: dict[str, np.ndarray]) -> None:
         check_state_keys(state, [self._OPTIMIZER, self._MARGINAL], self.name)
-        marginal = {key[len(self._MARGINAL):]: value for key, value in state.items() if key.startswith(self._MARGINAL)}
+        marginal = {key[len(self._MARGINAL) :]: value for key, value in state.items() if key.startswith(self._MARGINAL)}
         if marginal and self.params.marginal != "ema":
-            raise ValueError(f"{self.name}: the client state holds a running marginal but marginal="
-                             f"{self.params.marginal!r}; it was saved with marginal='ema'")
+            raise ValueError(
+                f"{self.name}: the client state holds a running marginal but marginal="
+                f"{self.params.marginal!r}; it was saved with marginal='ema'"
+            )
         if marginal and set(marginal) != {"ema", "count"}:
-            raise ValueError(f"{self.name}: the running marginal needs keys marginal.ema and marginal.count, "
-                             f"got {sorted(marginal)}")
+            raise ValueError(
+                f"{self.name}: the running marginal needs keys marginal.ema and marginal.count, got {sorted(marginal)}"
+            )
         self._optimizer_state = {k: np.array(v) for k, v in state.items() if k.startswith(self._OPTIMIZER)}
         if marginal:
             ema = np.array(marginal["ema"], dtype=np.float32)
             if ema.ndim != 1 or int(marginal["count"]) < 1:
-                raise ValueError(f"{self.name}: a saved running marginal must be [C] with count >= 1, got shape "
-                                 f"{ema.shape} and count {int(marginal['count'])}")
+                raise ValueError(
+                    f"{self.name}: a saved running marginal must be [C] with count >= 1, got shape "
+                    f"{ema.shape} and count {int(marginal['count'])}"
+                )
             self._ema, self._count = ema, int(marginal["count"])
         else:
             self._ema, self._count = None, 0

@@ -121,11 +121,20 @@ class TPT(LocalMethod):
         per_call = max(1, p.image_chunk // (1 + p.n_views))
         features = []
         for start in range(0, len(seeds), per_call):
-            views = torch.cat([
-                tpt_views(pixel_values[i].to(pclip.device), p.n_views, torch.Generator().manual_seed(seeds[i]),
-                          use_augmix=p.augmix, mean=mean, std=std, severity=p.augmix_severity)
-                for i in range(start, min(start + per_call, len(seeds)))
-            ])
+            views = torch.cat(
+                [
+                    tpt_views(
+                        pixel_values[i].to(pclip.device),
+                        p.n_views,
+                        torch.Generator().manual_seed(seeds[i]),
+                        use_augmix=p.augmix,
+                        mean=mean,
+                        std=std,
+                        severity=p.augmix_severity,
+                    )
+                    for i in range(start, min(start + per_call, len(seeds)))
+                ]
+            )
             features.append(pclip.image_features(views, chunk_size=p.image_chunk))
         return torch.cat(features).unflatten(0, (len(seeds), 1 + p.n_views))
 
