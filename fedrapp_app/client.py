@@ -10,28 +10,34 @@ Labels are read in exactly one place, ``_score``, to count correct predictions f
 
 from __future__ import annotations
 
+import functools
+import logging
 import os
+import socket
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
-from flwr.app import ConfigRecord, Context, Message, MetricRecord, RecordDict
+from flwr.app import ArrayRecord, ConfigRecord, Context, Error, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
+from flwr.common.constant import ErrorCode
 
 from fedrapp_app.attacks import poisoned_upload
 from fedrapp_app.checkpoint import load_client_snapshot, save_client_snapshot
 from fedrapp_app.config import RunConfig, attack_clients
 from fedrapp_app.data import ClientStream, build_client_stream
 from fedrapp_app.engine import PromptedCLIP, load_clip
+from fedrapp_app.errors import describe
 from fedrapp_app.methods import LocalMethod, make_method
 from fedrapp_app.records import (
     CONFIG,
     INFO,
     METRICS,
+    NOTES,
     PROMPT,
     arrays_to_record,
     prompt_to_record,
@@ -42,6 +48,7 @@ from fedrapp_app.records import (
 STREAM_STATE = "fedrapp-stream"
 METHOD_STATE = "fedrapp-method"
 
+log = logging.getLogger("flwr.fedrapp.client")
 _CLIPS: dict[tuple, Any] = {}
 _PROMPTED: dict[tuple, PromptedCLIP] = {}
 
@@ -55,14 +62,30 @@ def client_id_of(node_config: Mapping[str, Any], num_clients: int) -> int:
         parts = node_config.get("num-partitions")
         if parts is not None and int(parts) != num_clients:
             raise ValueError(
-                f"the simulation runs {parts} SuperNodes but num-clients = {num_clients}: run with "
-                f'--federation-config "num-supernodes={num_clients}" or set -c "num-clients={parts}"'
+                f"the simulation runs {parts} SuperNodes but num-clients = {num_clients}: drop num-clients (0, "
+                f'the default, means one client per SuperNode), set -c "num-clients={parts}", or run '
+                f'{num_clients} SuperNodes (--federation-config "num-supernodes={num_clients}")'
             )
     else:
         raise ValueError('this node has no client id: start the SuperNode with --node-config "client-id=<i>"')
     if not 0 <= client < num_clients:
-        raise ValueError(f"client id {client} ({source}) is outside 0..{num_clients - 1} (num-clients)")
+        raise ValueError(
+            f"client id {client} ({source}) is outside 0..{num_clients - 1}: the run has num-clients = "
+            f'{num_clients}; give the SuperNodes client ids 0..{num_clients - 1} or set -c "num-clients=<n>"'
+        )
     return client
+
+
+def resolved_config(run_config: Mapping[str, Any], message_config: Mapping[str, Any]) -> RunConfig:
+    """The validated run config with ``num-clients`` resolved: the run config's own value, or (0 = one client
+    per SuperNode) the number the server counted and sends with every message."""
+    config = RunConfig.from_run_config(run_config)
+    if config.num_clients:
+        return config
+    counted = int(message_config.get("num-clients", 0))
+    if counted < 1:
+        raise ValueError("num-clients = 0 but the server sent no client count: server and client app differ")
+    return config.with_num_clients(counted)
 
 
 @dataclass
@@ -95,10 +118,10 @@ class ClientSetup:
         return method
 
 
-def setup(context: Context) -> ClientSetup:
+def setup(context: Context, message_config: Mapping[str, Any]) -> ClientSetup:
     """Validate the run config, find this client's id and its stream (cached per process)."""
-    config = RunConfig.from_run_config(context.run_config)
-    client = client_id_of(context.node_config, int(config["num-clients"]))
+    config = resolved_config(context.run_config, message_config)
+    client = client_id_of(context.node_config, config.num_clients)
     overrides = {"data_dir": str(context.node_config["data-dir"])} if "data-dir" in context.node_config else {}
     stream = build_client_stream(config.data_spec(**overrides), client)  # cached by the data layer
     return ClientSetup(config, client, stream, loaded_model=False)
@@ -122,15 +145,42 @@ def restore_state(context: Context, client: int, config: Mapping[str, Any]) -> t
     expected = int(config.get("stream-position", 0))
     if expected <= 0:
         return 0, None, False
-    where = _snapshot_dir(context, config)
+    where = snapshot_dir(context.node_config, config)
     snapshot = None if where is None else load_client_snapshot(where, str(config["run-token"]), client, expected)
-    return expected, snapshot, snapshot is None
+    return expected, (snapshot or None), snapshot is None  # {}: the method had no state yet
 
 
-def _snapshot_dir(context: Context, config: Mapping[str, Any]) -> Path | None:
-    """Where this client keeps its snapshots: the node config's ``state-dir``, else the server's choice."""
-    where = context.node_config.get("state-dir") or config.get("state-dir")
-    return Path(str(where)) if where and "run-token" in config else None
+def default_state_dir() -> Path:
+    """The node-local snapshot folder: ``$XDG_CACHE_HOME/fedrapp/client-state`` (``~/.cache/...``)."""
+    cache = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(cache) / "fedrapp" / "client-state"
+
+
+def snapshot_dir(node_config: Mapping[str, Any], config: Mapping[str, Any]) -> Path | None:
+    """Where this client keeps its snapshots (None: the server asked for none).
+
+    The SuperNode's ``state-dir`` (node config) wins. Otherwise the server's folder (``run_dir/client-state``)
+    when this client runs on the server's host (simulation, loopback), since that path is the server's and
+    may not exist or be writable on another host; else the node-local ``default_state_dir()``.
+    """
+    if "run-token" not in config:
+        return None
+    if node_config.get("state-dir"):
+        return Path(str(node_config["state-dir"])).expanduser()
+    if config.get("state-dir") and config.get("server-host") == socket.gethostname():
+        return Path(str(config["state-dir"]))
+    return default_state_dir()
+
+
+def save_snapshot(where: Path, token: str, client: int, position: int, state: dict[str, np.ndarray]) -> None:
+    """``save_client_snapshot`` with an error that says which folder failed and how to choose another."""
+    try:
+        save_client_snapshot(where, token, client, position, state)
+    except OSError as err:
+        raise OSError(
+            f"cannot write this client's snapshot under {where} ({type(err).__name__}: {err}); give the node a "
+            "writable folder: flower-supernode ... --node-config \"state-dir='/path/on/this/host'\""
+        ) from err
 
 
 def step_generator(seed: int, client: int, position: int) -> torch.Generator:
@@ -144,13 +194,39 @@ def _score(predictions: torch.Tensor, labels: np.ndarray) -> int:
     return int((predictions.cpu().numpy() == labels).sum())
 
 
+def _reported_errors(handler: Callable[[Message, Context], Message]) -> Callable[[Message, Context], Message]:
+    """Turn an exception of ``handler`` into an error reply whose reason is the exception's type and message.
+
+    Without this, Flower's reply carries the whole traceback (in simulation wrapped in Ray's, with colour
+    codes), cut before the real error. The traceback is logged here once per distinct error and process.
+    ``context.state`` is written last by the handlers, so a failed message leaves it as it was.
+    """
+
+    @functools.wraps(handler)
+    def wrapped(msg: Message, context: Context) -> Message:
+        try:
+            return handler(msg, context)
+        except Exception as err:  # noqa: BLE001 - reported to the server as data, not raised
+            reason = describe(err)
+            if reason not in _LOGGED:
+                _LOGGED.add(reason)
+                log.error("%s failed on node %s: %s", handler.__name__, context.node_id, reason, exc_info=err)
+            else:
+                log.error("%s failed on node %s: %s", handler.__name__, context.node_id, reason.splitlines()[0])
+            return Message(Error(code=ErrorCode.CLIENT_APP_RAISED_EXCEPTION, reason=reason), reply_to=msg)
+
+    return wrapped
+
+
+_LOGGED: set[str] = set()
 app = ClientApp()
 
 
 @app.query()
+@_reported_errors
 def query(msg: Message, context: Context) -> Message:
     """Discovery: report the client id, the stream's size and position, and the initial prompt P0."""
-    client = setup(context)
+    client = setup(context, msg.content.get(CONFIG, {}))
     p0 = client.method(None).initial_prompt(client.prompted())
     info = ConfigRecord(
         {
@@ -160,19 +236,28 @@ def query(msg: Message, context: Context) -> Message:
             "num-samples": client.stream.num_samples,
         }
     )
-    return Message(RecordDict({INFO: info, PROMPT: prompt_to_record([b.detach().cpu() for b in p0])}), reply_to=msg)
+    return Message(
+        RecordDict({INFO: info, PROMPT: prompt_to_record([b.detach().cpu() for b in p0])}),
+        reply_to=msg,
+    )
 
 
 @app.train()
+@_reported_errors
 def train(msg: Message, context: Context) -> Message:
-    """Adapt the received prompt on the next batch, predict, and reply with P~, H_pre, H_post and metrics."""
+    """Adapt the received prompt on the next batch, predict, and reply with P~, H_pre, H_post and metrics.
+
+    Order matters: everything that can fail (data, adaptation, the snapshot on disk) happens before the
+    stream position and method state are written to ``context.state``, so a failed round consumes nothing.
+    """
     t_start = time.perf_counter()
-    client = setup(context)
     round_config = msg.content[CONFIG]
+    client = setup(context, round_config)
     position, method_state, rebuilt = restore_state(context, client.client_id, round_config)
     if position >= client.stream.num_batches:
         return Message(
-            RecordDict({METRICS: MetricRecord({"client-id": client.client_id, "exhausted": 1})}), reply_to=msg
+            RecordDict({METRICS: MetricRecord({"client-id": client.client_id, "exhausted": 1})}),
+            reply_to=msg,
         )
     pclip = client.prompted()
     method = client.method(method_state)
@@ -180,39 +265,32 @@ def train(msg: Message, context: Context) -> Message:
 
     batch = client.stream.batch(position)
     client.stream.prefetch(position + 1)  # decoded in the background while this round computes
+    if batch.skipped:
+        log.warning(
+            "client %d, batch %d: skipped %d undecodable sample(s): %s",
+            client.client_id,
+            position,
+            len(batch.skipped),
+            "; ".join(map(str, batch.skipped)),
+        )
+    base = {
+        "client-id": client.client_id,
+        "remaining-batches": client.stream.num_batches - position - 1,
+        "stream-position": position,
+        "skipped": len(batch.skipped),
+    }
+    notes = ConfigRecord({"skipped-samples": [str(s) for s in batch.skipped]}) if batch.skipped else None
+    if not batch.labels.size:  # nothing decodable: the batch is consumed and reported, nothing is adapted
+        _advance(context, client, round_config, position, method_state)
+        return Message(_reply(None, {**base, "skipped-batch": 1}, notes), reply_to=msg)
+
     pixel_values = pclip.preprocess(batch.images)
     t_data = time.perf_counter()
-
     prompt = [torch.from_numpy(np.array(b)) for b in record_to_prompt(msg.content[PROMPT])]
     seed = int(client.config["seed"])
     result = method.adapt(pclip, prompt, pixel_values, step_generator(seed, client.client_id, position))
     t_adapt = time.perf_counter()
 
-    new_state = method.state_dict()
-    context.state[METHOD_STATE] = arrays_to_record(new_state)
-    context.state[STREAM_STATE] = ConfigRecord({"position": position + 1})
-    snapshots = _snapshot_dir(context, round_config)
-    if snapshots is not None:
-        save_client_snapshot(snapshots, str(round_config["run-token"]), client.client_id, position + 1, new_state)
-    n = len(batch.labels)
-    metrics = {
-        "client-id": client.client_id,
-        "h-pre": float(result.h_pre),
-        "h-post": float(result.h_post),
-        "num-examples": n,
-        "remaining-batches": client.stream.num_batches - position - 1,
-        "stream-position": position,
-        "correct": _score(result.predictions, batch.labels),
-        "correct-before": _score(result.predictions_before, batch.labels),
-        "model-loaded": int(client.loaded_model),
-        "state-rebuilt": int(rebuilt),
-        "t-setup": t_model - t_start,
-        "t-data": t_data - t_model,
-        "t-adapt": t_adapt - t_data,
-        "t-total": time.perf_counter() - t_start,
-        "pid": os.getpid(),
-        **{f"stat-{k}": float(v) for k, v in result.stats.items()},
-    }
     upload = [b.detach().cpu().float() for b in result.prompt]
     if client.client_id in attack_clients(str(client.config["attack-clients"])):
         upload = poisoned_upload(
@@ -222,8 +300,48 @@ def train(msg: Message, context: Context) -> Message:
             float(client.config["attack-scale"]),
             step_generator(seed + 1, client.client_id, position),
         )
-    reply = RecordDict({PROMPT: prompt_to_record(upload), METRICS: MetricRecord(metrics)})
-    return Message(reply, reply_to=msg)
+    metrics = {
+        **base,
+        "h-pre": float(result.h_pre),
+        "h-post": float(result.h_post),
+        "num-examples": len(batch.labels),
+        "correct": _score(result.predictions, batch.labels),
+        "correct-before": _score(result.predictions_before, batch.labels),
+        "model-loaded": int(client.loaded_model),
+        "state-rebuilt": int(rebuilt),
+        "t-setup": t_model - t_start,
+        "t-data": t_data - t_model,
+        "t-adapt": t_adapt - t_data,
+        "pid": os.getpid(),
+        **{f"stat-{k}": float(v) for k, v in result.stats.items()},
+    }
+    _advance(context, client, round_config, position, method.state_dict())
+    metrics["t-total"] = time.perf_counter() - t_start
+    return Message(_reply(prompt_to_record(upload), metrics, notes), reply_to=msg)
+
+
+def _advance(
+    context: Context, client: ClientSetup, round_config: Mapping[str, Any], position: int, state: dict | None
+) -> None:
+    """Save the snapshot of stream position ``position + 1``, then (last: it must not run if the save
+    failed) move ``context.state`` there."""
+    state = dict(state or {})
+    where = snapshot_dir(context.node_config, round_config)
+    if where is not None:
+        save_snapshot(where, str(round_config["run-token"]), client.client_id, position + 1, state)
+    if state:
+        context.state[METHOD_STATE] = arrays_to_record(state)
+    context.state[STREAM_STATE] = ConfigRecord({"position": position + 1})
+
+
+def _reply(prompt: ArrayRecord | None, metrics: dict[str, Any], notes: ConfigRecord | None) -> RecordDict:
+    """A train reply: the prompt (absent for a skipped batch), the metrics and, if any, the notes."""
+    records: dict[str, Any] = {METRICS: MetricRecord(metrics)}
+    if prompt is not None:
+        records[PROMPT] = prompt
+    if notes is not None:
+        records[NOTES] = notes
+    return RecordDict(records)
 
 
 __all__ = ["app", "client_id_of", "setup", "step_generator", "CONFIG"]

@@ -97,7 +97,13 @@ KEYS: tuple[Key, ...] = (
     Key("run-name", "", "name of the results folder inside output-dir; '' = derived from the config"),
     Key("resume", False, "continue the run in output-dir/run-name from its last checkpoint (needs run-name)"),
     # --- federation -------------------------------------------------------------------------------
-    Key("num-clients", 8, "number of clients (= data partitions)", minimum=1),
+    Key(
+        "num-clients",
+        0,
+        "number of clients (= data partitions); 0 = one per SuperNode: the simulation's num-supernodes, or the "
+        "SuperNodes connected when a deployed run starts",
+        minimum=0,
+    ),
     Key(
         "fraction",
         1.0,
@@ -106,7 +112,7 @@ KEYS: tuple[Key, ...] = (
         exclusive_minimum=True,
         maximum=1.0,
     ),
-    Key("min-nodes", 0, "nodes to wait for before round 1; 0 = num-clients", minimum=0),
+    Key("min-nodes", 0, "nodes to wait for before round 1; 0 = num-clients (or 1 when num-clients = 0)", minimum=0),
     Key("node-wait-timeout", 300.0, "seconds to wait for min-nodes nodes", minimum=0.0, exclusive_minimum=True),
     Key("round-timeout", 900.0, "seconds to wait for the replies of a round", minimum=0.0, exclusive_minimum=True),
     Key(
@@ -237,8 +243,16 @@ KEY_BY_NAME: dict[str, Key] = {k.name: k for k in KEYS}
 DEFAULTS: dict[str, Scalar] = {k.name: k.default for k in KEYS}
 
 
+def override_hint(key: str, value: str = "<value>") -> str:
+    """``-c "key=value"`` quoted as flwr's ``-c`` parser needs it: TOML values, so strings in single quotes."""
+    key_spec = KEY_BY_NAME.get(key)
+    if key_spec is not None and isinstance(key_spec.default, str):
+        value = f"'{value}'"
+    return f'-c "{key}={value}"'
+
+
 def _problem(key: str, value: Any, why: str) -> str:
-    return f'  {key} = {value!r}: {why} (fix: -c "{key}=<value>" or edit [tool.flwr.app.config])'
+    return f"  {key} = {value!r}: {why} (fix: {override_hint(key)} or edit [tool.flwr.app.config])"
 
 
 def check_values(run_config: Mapping[str, Any]) -> dict[str, Scalar]:
@@ -268,11 +282,26 @@ def attack_clients(text: str) -> frozenset[int]:
     return frozenset(int(part) for part in text.split(",") if part.strip())
 
 
+def _testbed_pool_problems(clients: int, v: Mapping[str, Scalar]) -> list[str]:
+    """The testbed's pool size is a config value: check here that ``clients`` partitions of it can exist."""
+    pool, minimum = int(v["testbed-samples"]), int(v["min-partition-size"]) if v["partition"] == "dirichlet" else 1
+    if clients * minimum <= pool:
+        return []
+    need = f"{clients} clients x {minimum} samples" if minimum > 1 else f"{clients} clients"
+    return [
+        f"  num-clients = {clients}: the testbed pool of testbed-samples = {pool} cannot give {need} "
+        f'(fix: -c "testbed-samples={clients * max(minimum, 1) * 4}", fewer clients, or a lower min-partition-size)'
+    ]
+
+
 def _check_combinations(v: Mapping[str, Scalar]) -> None:
     """Contradictions between keys that each look fine alone."""
     problems = []
-    if v["min-nodes"] > v["num-clients"]:
-        problems.append(_problem("min-nodes", v["min-nodes"], f"cannot exceed num-clients = {v['num-clients']}"))
+    clients = int(v["num-clients"])  # 0: one per SuperNode, known once the run starts
+    if clients and v["min-nodes"] > clients:
+        problems.append(_problem("min-nodes", v["min-nodes"], f"cannot exceed num-clients = {clients}"))
+    if clients and v["dataset"] == "testbed":
+        problems.extend(_testbed_pool_problems(clients, v))
     if v["gamma0"] > v["gamma-max"]:
         problems.append(_problem("gamma0", v["gamma0"], f"cannot exceed gamma-max = {v['gamma-max']}"))
     if v["resume"] and not v["run-name"]:
@@ -298,10 +327,8 @@ def _check_combinations(v: Mapping[str, Scalar]) -> None:
     except ValueError:
         problems.append(_problem("attack-clients", v["attack-clients"], "must be comma-separated client ids"))
     else:
-        if any(not 0 <= c < v["num-clients"] for c in attackers):
-            problems.append(
-                _problem("attack-clients", v["attack-clients"], f"ids must be in 0..{v['num-clients'] - 1}")
-            )
+        if clients and any(not 0 <= c < clients for c in attackers):
+            problems.append(_problem("attack-clients", v["attack-clients"], f"ids must be in 0..{clients - 1}"))
         if attackers and v["attack"] == "none":
             problems.append(_problem("attack", "none", "attack-clients is set: choose 'random' or 'scaled'"))
     device = str(v["device"])
@@ -398,9 +425,21 @@ class RunConfig:
         """Validate Flower's ``context.run_config`` (or any mapping of overrides); raise ``ConfigError``."""
         values = check_values(run_config)
         config = cls(values)
-        config.data_spec()  # the data layer checks its own combinations (domains, sources) here, cheaply
-        config.rule_params()  # and the domain oracle its domain map
+        # The data layer checks its own combinations (domains, sources) here, cheaply, and the domain oracle
+        # its domain map; with one client per SuperNode (0), on one client until the run has counted them.
+        spec = config.data_spec(num_clients=config.num_clients or 1)
+        if values["strategy"] == "domain-oracle":
+            _domain_groups(spec)
         return config
+
+    @property
+    def num_clients(self) -> int:
+        """The number of clients, or 0 while it is "one per SuperNode" and the run has not counted them."""
+        return int(self.values["num-clients"])
+
+    def with_num_clients(self, num_clients: int) -> RunConfig:
+        """This config with ``num-clients`` resolved (e.g. to the SuperNodes of the run), validated again."""
+        return RunConfig.from_run_config({**self.values, "num-clients": int(num_clients)})
 
     def __getitem__(self, key: str) -> Scalar:
         return self.values[key]
@@ -420,22 +459,15 @@ class RunConfig:
 
     def domain_groups(self) -> tuple[int, ...]:
         """Each client's shift-domain index (testbed only); ``ConfigError`` where no domain map exists."""
-        from fedrapp_app.data import client_domains
-
-        domains = client_domains(self.data_spec())
-        if any(d is None for d in domains):
-            raise ConfigError(
-                "invalid run config:\n  strategy = 'domain-oracle': it needs every client's shift domain, which "
-                "only the testbed with testbed-domains has; it is a reference, not a deployable strategy"
-            )
-        index = {d: i for i, d in enumerate(dict.fromkeys(domains))}
-        return tuple(index[d] for d in domains)
+        return _domain_groups(self.data_spec())
 
     def data_spec(self, **overrides: Scalar):
         """The data layer's spec (``fedrapp_app.data.DataSpec``), validated; ``overrides`` by field name."""
         from fedrapp_app.data import DataSpec, validate_spec
 
-        spec = DataSpec(**{field: self.values[key] for key, field in DATA_KEYS.items()}, **overrides)
+        if not self.num_clients and "num_clients" not in overrides:
+            raise ConfigError("num-clients = 0 (one client per SuperNode) must be resolved first: with_num_clients(n)")
+        spec = DataSpec(**{**{field: self.values[key] for key, field in DATA_KEYS.items()}, **overrides})
         try:
             validate_spec(spec)
         except ValueError as err:
@@ -449,6 +481,20 @@ class RunConfig:
         v = self.values
         model = str(v["model"]).rstrip("/").split("/")[-1]
         return f"{v['dataset']}-{model}-{v['local-method']}-{v['strategy']}-seed{v['seed']}"
+
+
+def _domain_groups(spec) -> tuple[int, ...]:
+    """Each client's shift-domain index under ``spec`` (a ``DataSpec``); ``ConfigError`` without a domain map."""
+    from fedrapp_app.data import client_domains
+
+    domains = client_domains(spec)
+    if any(d is None for d in domains):
+        raise ConfigError(
+            "invalid run config:\n  strategy = 'domain-oracle': it needs every client's shift domain, which "
+            "only the testbed with testbed-domains has; it is a reference, not a deployable strategy"
+        )
+    index = {d: i for i, d in enumerate(dict.fromkeys(domains))}
+    return tuple(index[d] for d in domains)
 
 
 def toml_literal(value: Scalar) -> str:

@@ -34,6 +34,8 @@ from pathlib import Path
 from fedrapp_app.config import ConfigError, RunConfig
 
 CONNECTION = "fedrapp-sim"
+#: SuperNodes of the default experiment when num-clients = 0 (one client per SuperNode).
+DEFAULT_SUPERNODES = 8
 
 
 def free_port() -> int:
@@ -172,7 +174,7 @@ def main(argv: list[str] | None = None) -> int:
 
     run_dir = run_dir_of(config)
     forced = {"output-dir": str(run_dir.parent), "run-name": run_dir.name}
-    num_clients = int(config["num-clients"])
+    num_clients = config.num_clients or DEFAULT_SUPERNODES
 
     env = contained_env(Path(args.flwr_home or app_dir / ".flwr-home").resolve())
     Path(env["FLWR_HOME"]).mkdir(parents=True, exist_ok=True)

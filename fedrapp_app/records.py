@@ -2,7 +2,8 @@
 
 A prompt is a list of K context blocks; on the wire it is one ``ArrayRecord`` with arrays ``block-0`` …
 ``block-{K-1}`` (float32); the server works on the flattened float32 vector. A client's train reply is
-``{"prompt": ArrayRecord, "metrics": MetricRecord}``; its metrics carry what the server rule may read
+``{"prompt": ArrayRecord, "metrics": MetricRecord}`` (plus, optionally, ``"notes": ConfigRecord``: text for
+the results, such as the files it could not decode); its metrics carry what the server rule may read
 (``client-id``, ``h-pre``, ``h-post``, ``num-examples``) and reporting values that only the results
 recorder reads (accuracy counts, timings).
 """
@@ -20,6 +21,7 @@ PROMPT = "prompt"
 METRICS = "metrics"
 CONFIG = "config"
 INFO = "info"
+NOTES = "notes"  # optional ConfigRecord of a train reply: text for the results (e.g. undecodable files)
 
 #: Metrics the server rule reads; everything else in a reply's metrics is for reporting only.
 RULE_METRICS = ("client-id", "h-pre", "h-post", "num-examples")
@@ -94,9 +96,13 @@ def parse_train_reply(
     required metrics (finite, entropies >= 0, a positive example count), the number, names, shapes and
     dtype (float32) of the prompt blocks, finite values and a norm below ``max_norm``.
     """
-    extra = sorted(set(content.keys()) - {PROMPT, METRICS})
+    extra = sorted(set(content.keys()) - {PROMPT, METRICS, NOTES})
     if extra:
-        raise RejectedReply(f"unexpected records {extra} (a train reply holds only {PROMPT!r} and {METRICS!r})")
+        raise RejectedReply(
+            f"unexpected records {extra} (a train reply holds only {PROMPT!r}, {METRICS!r} and {NOTES!r})"
+        )
+    if NOTES in content and NOTES not in content.config_records:
+        raise RejectedReply(f"{NOTES!r} must be a ConfigRecord")
     if METRICS not in content.metric_records:
         raise RejectedReply(f"no MetricRecord {METRICS!r} in the reply")
     metrics = content.metric_records[METRICS]

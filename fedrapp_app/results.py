@@ -73,6 +73,67 @@ def write_json_atomic(path: Path, payload: Any) -> None:
     os.replace(tmp, path)
 
 
+def read_rows(path: Path) -> list[dict[str, Any]]:
+    """The rows of a ``rounds.jsonl``; a last line cut short by a killed writer is dropped (it has no checkpoint
+    either), any other bad line is an error naming the file and line."""
+    lines = path.read_text().split("\n")
+    rows = []
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError as err:
+            if number == len(lines):  # no newline after it: the writer died in the middle of the line
+                log.warning("%s: dropped an incomplete last line (the run was killed while writing it)", path)
+                break
+            raise ValueError(f"{path}, line {number}: not a JSON row ({err})") from err
+    return rows
+
+
+def unscored_samples(
+    num_clients: int,
+    num_samples: dict[int, int],
+    rows: list[dict[str, Any]],
+    stopped: str,
+    capped: bool,
+) -> tuple[bool, dict[int, dict[str, Any]]]:
+    """(complete, unscored): whether the run scored every sample it set out to score, and per client the
+    samples never scored with the reasons.
+
+    A client's samples are its stream (``num_samples``, reported at discovery); scored and skipped (undecodable)
+    samples come from ``rows``. A run that ended with the streams (or stopped early) is complete when nothing
+    is left unscored. A run that stopped at ``num-rounds`` as asked (``capped``) is complete when every round a
+    client was sampled in scored its batch: no failed, missing or rejected round, no client that never
+    connected.
+    """
+    scored: dict[int, int] = defaultdict(int)
+    skipped: dict[int, int] = defaultdict(int)
+    lost: dict[int, list[str]] = defaultdict(list)
+    for r in rows:
+        c = r["client"]
+        skipped[c] += int(r.get("skipped", 0) or 0)
+        if r["status"] == "ok":
+            scored[c] += int(r["num_examples"])
+        elif r["status"] in ("failed", "missing", "rejected"):
+            lost[c].append(f"round {r['round']} {r['status']}: {r.get('reason', '')}".rstrip(": "))
+    unscored: dict[int, dict[str, Any]] = {}
+    for c in range(num_clients):
+        left = num_samples[c] - scored[c] - skipped[c] if c in num_samples else None
+        short = left is None or left > 0
+        if not (short or (capped and lost[c])):
+            continue
+        reasons = [] if c in num_samples else ["never connected: no node served this client"]
+        if lost[c]:
+            reasons.append(f"{len(lost[c])} round(s) without a valid reply, last: {lost[c][-1]}")
+        if short and c in num_samples:
+            reasons.append(f"stream not finished: {stopped}")
+        unscored[c] = {"samples": left, "reasons": reasons}
+    # Capped, the plan was num-rounds rounds: only lost rounds and absent clients fall short of it.
+    complete = all(u["samples"] is not None and not lost[c] for c, u in unscored.items()) if capped else not unscored
+    return complete, unscored
+
+
 class RunRecorder:
     """Writes the per-round rows and the summary of one run into ``run_dir``."""
 
@@ -89,12 +150,13 @@ class RunRecorder:
         self.correct: dict[int, int] = defaultdict(int)
         self.correct_before: dict[int, int] = defaultdict(int)
         self.seen: dict[int, int] = defaultdict(int)
+        self.skipped: dict[int, int] = defaultdict(int)
+        self.rows: list[dict[str, Any]] = []
         self.rounds = 0
         self.resumed_after = resume_after
         kept: list[dict[str, Any]] = []
         if resume_after is not None and self.rounds_path.is_file():
-            rows = [json.loads(line) for line in self.rounds_path.read_text().splitlines() if line.strip()]
-            kept = [r for r in rows if r["round"] <= resume_after]
+            kept = [r for r in read_rows(self.rounds_path) if r["round"] <= resume_after]
         else:
             write_json_atomic(
                 self.run_dir / "config.json", {"config": config, **self.provenance, "started": self.started}
@@ -102,24 +164,36 @@ class RunRecorder:
         tmp = self.rounds_path.with_name(self.rounds_path.name + ".tmp")
         tmp.write_text("".join(json.dumps(r, default=_json_default) + "\n" for r in kept))
         os.replace(tmp, self.rounds_path)
+        # A summary of an earlier attempt would describe a run that goes on now: it is written again at the end.
+        self.summary_path.unlink(missing_ok=True)
         self._count(kept)
         self.rounds = resume_after or 0
 
     def _count(self, rows: list[dict[str, Any]]) -> None:
+        self.rows.extend(rows)
         for r in rows:
+            self.skipped[r["client"]] += int(r.get("skipped", 0) or 0)
             if r["status"] == "ok":
                 self.correct[r["client"]] += r["correct"]
                 self.correct_before[r["client"]] += r["correct_before"]
                 self.seen[r["client"]] += r["num_examples"]
 
-    def record_round(self, round_number: int, rows: list[dict[str, Any]], seconds: float) -> str:
-        """Append one round's client rows (dicts) and return its progress line."""
+    def record_round(self, round_number: int, rows: list[dict[str, Any]], seconds: float, server_seconds: float) -> str:
+        """Append one round's client rows (dicts) and return its progress line.
+
+        Each row also gets the round's wall time (``round_seconds``) and the server rule's time
+        (``aggregate_seconds``). The round's rows go out in one write, so a killed writer cuts at most the
+        last line (dropped on resume).
+        """
+        rows = [
+            {"round": round_number, **row, "round_seconds": seconds, "aggregate_seconds": server_seconds}
+            for row in rows
+        ]
         with self.rounds_path.open("a") as f:
-            for row in rows:
-                f.write(json.dumps({"round": round_number, **row}, default=_json_default) + "\n")
-        ok = [r for r in rows if r["status"] == "ok"]
-        self._count(ok)
+            f.write("".join(json.dumps(row, default=_json_default) + "\n" for row in rows))
+        self._count(rows)
         self.rounds = round_number
+        ok = [r for r in rows if r["status"] == "ok"]
         n = sum(r["num_examples"] for r in ok)
         line = f"round {round_number} | {len(ok)}/{len(rows)} clients ok"
         if n:
@@ -131,6 +205,9 @@ class RunRecorder:
                 f" | acc {100 * acc:.1f}% (received prompt {100 * before:.1f}%)"
                 f" | H {h_pre:.3f}->{h_post:.3f} | online so far {100 * self.micro():.2f}%"
             )
+        skipped = sum(int(r.get("skipped", 0) or 0) for r in rows)
+        if skipped:
+            line += f" | {skipped} undecodable sample(s) skipped"
         line += f" | {seconds:.1f}s"
         return line
 
@@ -145,12 +222,15 @@ class RunRecorder:
         per_client = {c: self.correct[c] / self.seen[c] for c in clients if self.seen[c]}
         total = sum(self.seen.values())
         summary = {
+            "status": "finished",
             "micro_accuracy": self.micro(),
             "macro_accuracy": float(np.mean(list(per_client.values()))) if per_client else float("nan"),
             "micro_accuracy_received_prompt": (sum(self.correct_before.values()) / total) if total else float("nan"),
             "per_client_accuracy": per_client,
             "per_client_samples": {c: self.seen[c] for c in clients},
+            "per_client_skipped": {c: n for c, n in sorted(self.skipped.items()) if n},
             "samples": total,
+            "skipped": sum(self.skipped.values()),
             "rounds": self.rounds,
             "seconds": time.time() - self.started,
             "run_dir": str(self.run_dir),
@@ -161,3 +241,8 @@ class RunRecorder:
         }
         write_json_atomic(self.summary_path, summary)
         return summary
+
+    def fail(self, status: str, error: str, extra: dict[str, Any] | None = None) -> dict[str, Any]:
+        """Write ``summary.json`` for a run that did not end normally (``status`` "failed" or "interrupted"):
+        what was scored so far, ``complete: false`` and the error."""
+        return self.finish({"complete": False, **(extra or {}), "status": status, "error": error})

@@ -6,7 +6,9 @@ benchmark runner and tests call it with an in-process grid, so every path runs t
 
 from __future__ import annotations
 
+import json
 import logging
+import socket
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -17,8 +19,10 @@ from flwr.serverapp import Grid, ServerApp
 
 from fedrapp_app.checkpoint import CLIENT_STATE_DIR, ServerCheckpoint, new_run_token
 from fedrapp_app.config import RESUMABLE_KEYS, ConfigError, RunConfig
-from fedrapp_app.results import RunRecorder
-from fedrapp_app.strategy import ClientRow, PersonalizedPromptStrategy, RoundReport
+from fedrapp_app.errors import describe
+from fedrapp_app.results import RunRecorder, unscored_samples
+from fedrapp_app.runlock import run_lock
+from fedrapp_app.strategy import ClientRow, PersonalizedPromptStrategy, RoundReport, count_nodes
 
 log = logging.getLogger("flwr.fedrapp")
 
@@ -39,6 +43,8 @@ def _row(row: ClientRow, report: RoundReport) -> dict[str, Any]:
     out: dict[str, Any] = {"client": row.client_id, "node": row.node_id, "status": row.status}
     if row.reason:
         out["reason"] = row.reason
+    if row.skipped:
+        out.update(skipped=len(row.skipped), skipped_samples=row.skipped)
     if row.upload is None:
         return out
     u, c = row.upload, row.client_id
@@ -69,13 +75,30 @@ def _row(row: ClientRow, report: RoundReport) -> dict[str, Any]:
 
 def _resumable(config: RunConfig, checkpoint: ServerCheckpoint) -> None:
     """A resumed run must be the same experiment: only ``RESUMABLE_KEYS`` may differ."""
-    changed = sorted(k for k, v in config.values.items() if k not in RESUMABLE_KEYS and checkpoint.config.get(k) != v)
+    # num-clients = 0 is resolved by counting the nodes later, then compared (run_server).
+    skip = RESUMABLE_KEYS | ({"num-clients"} if not config.num_clients else set())
+    changed = sorted(k for k, v in config.values.items() if k not in skip and checkpoint.config.get(k) != v)
     if changed:
         details = ", ".join(f"{k}: {checkpoint.config.get(k)!r} -> {config[k]!r}" for k in changed)
         raise ConfigError(
             f"invalid run config:\n  resume = true, but the run differs from the checkpointed one "
             f"({details}); only {sorted(RESUMABLE_KEYS)} may change"
         )
+
+
+def finished_already(run_dir: Path, config: RunConfig) -> dict[str, Any] | None:
+    """The summary of a run that a resume has nothing to add to (its streams ended, or it ran the rounds now
+    asked for), or None."""
+    path = run_dir / "summary.json"
+    if not path.is_file():
+        return None
+    summary = json.loads(path.read_text())
+    if summary.get("status", "finished") != "finished":
+        return None
+    max_rounds = int(config["num-rounds"])
+    if summary.get("stopped") == "streams ended" or (max_rounds and int(summary.get("rounds", 0)) >= max_rounds):
+        return summary
+    return None
 
 
 def run_server(
@@ -87,51 +110,92 @@ def run_server(
 
     The server state is checkpointed after every round; ``resume = true`` continues from the checkpoint.
     ``on_round(round, strategy)`` is called after each round (tests and the benchmark runner observe the
-    server state through it).
+    server state through it). The run folder is locked while the run writes it (``fedrapp_app.runlock``); a
+    run that fails or is stopped leaves a ``summary.json`` that says so.
     """
     config = RunConfig.from_run_config(run_config)  # fails here, before anything heavy, on a bad config
     start = time.time()
     run_dir = run_dir_of(config, start)
-    checkpoint = ServerCheckpoint.load(run_dir) if config["resume"] else None
-    if checkpoint is not None:
-        _resumable(config, checkpoint)
-    recorder = RunRecorder(run_dir, dict(config.values), resume_after=checkpoint.round if checkpoint else None)
+    with run_lock(run_dir):
+        checkpoint = ServerCheckpoint.load(run_dir) if config["resume"] else None
+        if checkpoint is not None:
+            _resumable(config, checkpoint)
+            done = finished_already(run_dir, config)
+            if done is not None:
+                log.warning(
+                    "run %s already finished (%s, %d rounds): nothing to resume; raise num-rounds to run more "
+                    "rounds, or start a new run-name",
+                    run_dir,
+                    done.get("stopped"),
+                    done.get("rounds", 0),
+                )
+                return done
+        if not config.num_clients:
+            wait = float(config["node-wait-timeout"])
+            config = config.with_num_clients(count_nodes(grid, int(config["min-nodes"]), wait))
+            if checkpoint is not None:
+                _resumable(config, checkpoint)
+        recorder = RunRecorder(run_dir, dict(config.values), resume_after=checkpoint.round if checkpoint else None)
+        try:
+            return _run_rounds(grid, config, recorder, checkpoint, start, on_round)
+        except BaseException as err:
+            status = "failed" if isinstance(err, Exception) else "interrupted"
+            recorder.fail(status, describe(err), {"stopped": status})
+            raise
+
+
+def _run_rounds(
+    grid: Grid,
+    config: RunConfig,
+    recorder: RunRecorder,
+    checkpoint: ServerCheckpoint | None,
+    start: float,
+    on_round: Callable[[int, PersonalizedPromptStrategy], None] | None,
+) -> dict[str, Any]:
+    """Discovery, then rounds until the streams end (or num-rounds, or clients stop answering)."""
     token = checkpoint.token if checkpoint else new_run_token()
     rule, rule_params = config.rule_params()
     strategy = PersonalizedPromptStrategy(
         rule,
         rule_params,
-        num_clients=int(config["num-clients"]),
+        num_clients=config.num_clients,
         fraction=float(config["fraction"]),
         min_nodes=int(config["min-nodes"]),
         node_wait_timeout=float(config["node-wait-timeout"]),
         seed=int(config["seed"]),
         max_norm_ratio=float(config["max-norm-ratio"]),
-        client_config={"run-token": token, "state-dir": str(recorder.run_dir / CLIENT_STATE_DIR)},
+        client_config={
+            "run-token": token,
+            "state-dir": str(recorder.run_dir / CLIENT_STATE_DIR),
+            "server-host": socket.gethostname(),
+        },
     )
     strategy.summary()
     log.info("results go to %s", recorder.run_dir)
     strategy.connect(grid)
     if checkpoint is not None:
         strategy.restore(checkpoint)
+    setup_seconds = time.time() - start
 
     max_rounds = int(config["num-rounds"]) or None
     round_number, idle = strategy.state.round, 0
+    stopped = ""
     while not strategy.finished and (max_rounds is None or round_number < max_rounds):
         round_number += 1
         messages = strategy.configure_train(round_number, ArrayRecord(), ConfigRecord(), grid)
         if not messages:
+            stopped = "no client available"
             log.warning("round %d: no client available; stopping", round_number)
             break
         replies = grid.send_and_receive(messages, timeout=float(config["round-timeout"]))
         strategy.aggregate_train(round_number, replies)
         report = strategy.last_report
         rows = [_row(r, report) for r in report.rows]
-        log.info(recorder.record_round(round_number, rows, report.seconds))
+        log.info(recorder.record_round(round_number, rows, report.seconds, report.aggregate_seconds))
         strategy.checkpoint(token, dict(config.values)).save(recorder.run_dir)
         if on_round is not None:
             on_round(round_number, strategy)
-        idle = 0 if any(r.status in ("ok", "exhausted") for r in report.rows) else idle + 1
+        idle = 0 if any(r.status in ("ok", "exhausted", "skipped") for r in report.rows) else idle + 1
         if idle >= MAX_IDLE_ROUNDS:
             break
 
@@ -139,14 +203,26 @@ def run_server(
         silent = sorted(c for c in strategy.node_of if not strategy.state.exhausted[c])
         stopped = f"no valid reply for {idle} rounds; clients {silent} did not finish their streams"
         if not recorder.seen:
-            raise RuntimeError(f"{stopped} and no sample was ever scored: see the warnings above")
+            raise RuntimeError(f"{stopped} and no sample was ever scored: {_last_reasons(recorder.rows)}")
         log.warning("stopping: %s", stopped)
-    else:
+    elif not stopped:
         stopped = "streams ended" if strategy.finished else "num-rounds reached"
-    summary = recorder.finish({"stopped": stopped})
+    complete, unscored = unscored_samples(
+        config.num_clients, strategy.num_samples, recorder.rows, stopped, capped=stopped == "num-rounds reached"
+    )
+    summary = recorder.finish(
+        {
+            "stopped": stopped,
+            "complete": complete,
+            "unscored": unscored,
+            "num_clients": config.num_clients,
+            "setup_seconds": setup_seconds,
+        }
+    )
     log.info(
-        "FedRAPP run finished: %d rounds, %d samples, online accuracy micro %.2f%% / macro %.2f%% "
+        "%s run finished: %d rounds, %d samples, online accuracy micro %.2f%% / macro %.2f%% "
         "(received prompt, before adaptation: %.2f%%); results in %s",
+        config["strategy"],
         summary["rounds"],
         summary["samples"],
         100 * summary["micro_accuracy"],
@@ -154,7 +230,22 @@ def run_server(
         100 * summary["micro_accuracy_received_prompt"],
         recorder.run_dir,
     )
+    if not complete:
+        lost = sum(u["samples"] or 0 for u in unscored.values())
+        log.warning(
+            "INCOMPLETE run: %d sample(s) of %d client(s) never scored (see 'unscored' in %s)",
+            lost,
+            len(unscored),
+            recorder.summary_path,
+        )
     return summary
+
+
+def _last_reasons(rows: list[dict[str, Any]]) -> str:
+    """The distinct reasons of the last round's rows (why nothing could be scored)."""
+    last = [r for r in rows if r["round"] == rows[-1]["round"]] if rows else []
+    reasons = sorted({f"client {r['client']} {r['status']}: {r.get('reason', '')}" for r in last})
+    return "; ".join(reasons) or "see the warnings above"
 
 
 app = ServerApp()

@@ -1,10 +1,16 @@
 """Flower strategy: one personalized prompt per client per round, aggregated by a pure server rule.
 
 Client contract (what the ClientApp must honour):
-- ``query`` message: reply ``{"info": ConfigRecord(client-id, num-batches, position), "prompt": P0}``;
-- ``train`` message ``{"prompt": P, "config": {server-round, client-id}}``: adapt from P on the next batch
-  of the stream and reply ``{"prompt": P~, "metrics": {client-id, h-pre, h-post, num-examples,
-  remaining-batches, ...reporting}}``, or ``{"metrics": {client-id, exhausted: 1}}`` when the stream ended.
+- ``query`` message ``{"config": {seed, num-clients}}``: reply ``{"info": ConfigRecord(client-id, num-batches,
+  position, num-samples), "prompt": P0}``;
+- ``train`` message ``{"prompt": P, "config": {server-round, client-id, num-clients, stream-position, ...}}``:
+  adapt from P on the next batch of the stream and reply ``{"prompt": P~, "metrics": {client-id, h-pre, h-post,
+  num-examples, remaining-batches, stream-position, skipped, ...reporting}}``; ``{"metrics": {client-id,
+  skipped-batch: 1, ...}}`` when no sample of the batch could be decoded; ``{"metrics": {client-id,
+  exhausted: 1}}`` when the stream ended. A failure is an error reply (``fedrapp_app.errors.describe``).
+
+``num-clients = 0`` means one client per SuperNode: the ServerApp counts the connected nodes first
+(``count_nodes``); the strategy sends that number with every message.
 
 Server memory is keyed on the client id a client reports (its data partition), never on Flower's node id,
 which changes whenever a SuperNode restarts.
@@ -19,16 +25,19 @@ from dataclasses import dataclass, field
 
 import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
+from flwr.common.constant import ErrorCode
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Strategy
 
 from fedrapp_app.aggregation import make_rule
 from fedrapp_app.aggregation.common import RoundOutput
 from fedrapp_app.checkpoint import ServerCheckpoint
+from fedrapp_app.errors import clean_reason
 from fedrapp_app.records import (
     CONFIG,
     INFO,
     METRICS,
+    NOTES,
     PROMPT,
     RejectedReply,
     Upload,
@@ -40,6 +49,10 @@ from fedrapp_app.records import (
 )
 
 log = logging.getLogger("flwr.fedrapp.strategy")
+
+#: With num-clients = 0, the node count must stay the same this long before it is taken as the federation size
+#: (simulated nodes register within milliseconds; a SuperNode polls every 3 s).
+NODE_SETTLE_SECONDS = 3.0
 
 
 @dataclass
@@ -77,9 +90,10 @@ class ClientRow:
 
     client_id: int
     node_id: int
-    status: str  # "ok" | "failed" | "rejected" | "exhausted" | "missing"
+    status: str  # "ok" | "failed" | "rejected" | "exhausted" | "missing" | "skipped"
     reason: str = ""
     upload: Upload | None = None
+    skipped: list[str] = field(default_factory=list)  # undecodable samples of its batch ("name: reason")
 
 
 @dataclass
@@ -91,6 +105,51 @@ class RoundReport:
     output: RoundOutput | None
     seconds: float
     aggregate_seconds: float
+
+
+def count_nodes(grid: Grid, min_nodes: int, timeout: float, settle: float = NODE_SETTLE_SECONDS) -> int:
+    """The federation size for ``num-clients = 0``: the SuperNodes connected once at least ``max(min_nodes, 1)``
+    are there and their number has not changed for ``settle`` seconds (bounded by ``timeout``).
+
+    In simulation that is the simulation's ``num-supernodes``; in deployment, the nodes started before the run.
+    """
+    deadline = time.monotonic() + timeout
+    needed = max(min_nodes, 1)
+    count, since = -1, time.monotonic()
+    while True:
+        now = len(list(grid.get_node_ids()))
+        if now != count:
+            count, since = now, time.monotonic()
+        if count >= needed and time.monotonic() - since >= settle:
+            break
+        if time.monotonic() > deadline:
+            if count >= 1:
+                break
+            raise RuntimeError(
+                f"num-clients = 0 (one client per SuperNode), but no SuperNode connected within "
+                f"node-wait-timeout={timeout:g}s: start the SuperNodes, or check that they reach the SuperLink"
+            )
+        time.sleep(0.25)
+    log.info("num-clients = 0: one client per SuperNode, %d SuperNode(s) connected", count)
+    return count
+
+
+def no_client_started(failed: dict[int, str]) -> str:
+    """One message for a federation whose every node failed discovery: each distinct reason once."""
+    reasons: dict[str, list[int]] = {}
+    for node, reason in failed.items():
+        reasons.setdefault(reason, []).append(node)
+    if len(reasons) == 1:
+        return f"no ClientApp could start; all {len(failed)} node(s) reported: {next(iter(reasons))}"
+    lines = [f"  {len(nodes)} node(s): {reason}" for reason, nodes in reasons.items()]
+    return "no ClientApp could start; the nodes reported:\n" + "\n".join(lines)
+
+
+def _notes(content: RecordDict) -> list[str]:
+    """The undecodable samples a reply's notes name (reporting only; never read by the rule)."""
+    notes = content.config_records.get(NOTES)
+    value = None if notes is None else notes.get("skipped-samples")
+    return [str(v) for v in value] if isinstance(value, list) else []
 
 
 class PersonalizedPromptStrategy(Strategy):
@@ -135,6 +194,7 @@ class PersonalizedPromptStrategy(Strategy):
         self.state: ServerState | None = None
         self.last_report: RoundReport | None = None
         self._failed: dict[int, str] = {}  # node id -> why its discovery failed
+        self.num_samples: dict[int, int] = {}  # client id -> samples in its stream (from discovery)
         self._round_start = 0.0
 
     # ---------------------------------------------------------------- discovery
@@ -151,8 +211,7 @@ class PersonalizedPromptStrategy(Strategy):
             if len(self.node_of) >= self.min_nodes:
                 break
             if self._failed and not self.node_of:
-                node, reason = next(iter(self._failed.items()))
-                raise RuntimeError(f"no ClientApp could start; node {node} reported: {reason}")
+                raise RuntimeError(no_client_started(self._failed))
             if time.monotonic() > deadline:
                 break
             log.info("waiting for clients: %d/%d answered", len(self.node_of), self.min_nodes)
@@ -179,7 +238,9 @@ class PersonalizedPromptStrategy(Strategy):
             return
         queries = [
             Message(
-                RecordDict({CONFIG: ConfigRecord({"seed": self.seed})}), dst_node_id=n, message_type=MessageType.QUERY
+                RecordDict({CONFIG: ConfigRecord({"seed": self.seed, "num-clients": self.num_clients})}),
+                dst_node_id=n,
+                message_type=MessageType.QUERY,
             )
             for n in unknown
         ]
@@ -190,7 +251,7 @@ class PersonalizedPromptStrategy(Strategy):
             # Error replies can come from the SuperLink itself: map them back through the query they answer.
             node = node_of_query.get(reply.metadata.reply_to_message_id, reply.metadata.src_node_id)
             if reply.has_error():
-                answered[node] = f"ClientApp error {reply.error.code}: {reply.error.reason}"
+                answered[node] = clean_reason(reply.error.reason)
                 continue
             try:
                 self._register(node, reply.content, connected)
@@ -201,7 +262,7 @@ class PersonalizedPromptStrategy(Strategy):
             reason = answered.get(node, "no answer to the discovery query before the timeout")
             if reason is not None:
                 self._failed[node] = reason
-                log.warning("node %s failed discovery: %s", node, reason[:1000])
+                log.warning("node %s failed discovery: %s", node, reason)
 
     def _register(self, node: int, content: RecordDict, connected: list[int]) -> None:
         info = content.config_records.get(INFO)
@@ -224,6 +285,7 @@ class PersonalizedPromptStrategy(Strategy):
         elif [tuple(b.shape) for b in blocks] != self.shapes or not np.array_equal(p0, self.p0):
             raise RejectedReply("its initial prompt differs from the other clients' (same model and method?)")
         self.node_of[client] = node
+        self.num_samples[client] = int(info.get("num-samples", 0))
         if self.state.positions[client] < 0:
             self.state.positions[client] = int(info["position"])
         if int(info["position"]) >= int(info["num-batches"]):
@@ -285,6 +347,7 @@ class PersonalizedPromptStrategy(Strategy):
                     **self.client_config,
                     "server-round": server_round,
                     "client-id": client,
+                    "num-clients": self.num_clients,
                     "stream-position": int(self.state.positions[client]),
                 }
             )
@@ -336,13 +399,23 @@ class PersonalizedPromptStrategy(Strategy):
 
     def _read_reply(self, rnd: int, client: int, node: int, reply: Message, max_norm: float) -> ClientRow:
         if reply.has_error():
-            log.warning("round %d: client %d (node %s) failed: %s", rnd, client, node, reply.error.reason[:300])
-            return ClientRow(client, node, "failed", reply.error.reason[:1000])
+            status = "missing" if reply.error.code == ErrorCode.NODE_UNAVAILABLE else "failed"
+            reason = clean_reason(reply.error.reason)
+            log.warning("round %d: client %d (node %s) %s: %s", rnd, client, node, status, reason)
+            return ClientRow(client, node, status, reason)
         content = reply.content
         metrics = content.metric_records.get(METRICS)
-        if metrics is not None and metrics.get("exhausted", 0) == 1 and PROMPT not in content.array_records:
-            self.state.exhausted[client] = True
-            return ClientRow(client, node, "exhausted")
+        skipped = _notes(content)
+        if metrics is not None and PROMPT not in content.array_records:
+            if metrics.get("exhausted", 0) == 1:
+                self.state.exhausted[client] = True
+                return ClientRow(client, node, "exhausted")
+            if metrics.get("skipped-batch", 0) == 1 and metrics.get("client-id") == client:
+                self._note_position(client, metrics)
+                if metrics.get("remaining-batches", 1) == 0:
+                    self.state.exhausted[client] = True
+                why = f"no sample of the batch could be decoded ({len(skipped)} skipped)"
+                return ClientRow(client, node, "skipped", why, skipped=skipped)
         self._note_position(client, metrics)
         try:
             upload = parse_train_reply(content, client, self.shapes, max_norm)
@@ -351,7 +424,7 @@ class PersonalizedPromptStrategy(Strategy):
             return ClientRow(client, node, "rejected", str(err))
         if upload.report.get("remaining-batches", 1) == 0:
             self.state.exhausted[client] = True
-        return ClientRow(client, node, "ok", upload=upload)
+        return ClientRow(client, node, "ok", upload=upload, skipped=skipped)
 
     def _note_position(self, client: int, metrics: MetricRecord | None) -> None:
         """Remember where the client's stream stands (its batch was consumed even if the upload is bad)."""

@@ -41,7 +41,7 @@ def test_the_oracle_is_a_reference_that_needs_a_domain_map():
     assert "domain-oracle" in REFERENCES
     with pytest.raises(ValueError, match="groups"):
         make_rule("domain-oracle", {})
-    assert RunConfig.from_run_config({"strategy": "domain-oracle"}).rule_params()[1]["groups"] == (
+    assert RunConfig.from_run_config({"strategy": "domain-oracle", "num-clients": 8}).rule_params()[1]["groups"] == (
         0,
         1,
         2,

@@ -27,7 +27,7 @@ def test_random_upload_keeps_the_block_norms_and_scaled_blows_up_the_update():
     ("overrides", "key"),
     [
         ({"attack": "random", "attack-clients": "0,x"}, "attack-clients"),
-        ({"attack": "random", "attack-clients": "8"}, "attack-clients"),
+        ({"attack": "random", "attack-clients": "8", "num-clients": 8}, "attack-clients"),
         ({"attack-clients": "1"}, "attack"),
     ],
 )

@@ -208,6 +208,8 @@ def _comparable(rows):
     for r in rows:
         r = dict(r)
         r.pop("node", None)
+        r.pop("round_seconds", None)
+        r.pop("aggregate_seconds", None)
         r["client_metrics"] = {
             k: v
             for k, v in r.get("client_metrics", {}).items()

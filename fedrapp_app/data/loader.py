@@ -2,6 +2,10 @@
 
 PIL releases the GIL while it decodes JPEG/PNG/WebP, so threads give real parallelism here without the
 start-up and pickling cost of processes. Every decoded image is converted to RGB exactly once.
+
+A sample that cannot be decoded (a corrupt or truncated file, bytes that are not an image) does not fail its
+batch: ``decode_many`` returns an ``Undecodable`` in its place, naming the sample and the reason, and the
+stream drops it from the batch and reports it (``skipped``), so one bad file never stops a client.
 """
 
 from __future__ import annotations
@@ -10,6 +14,7 @@ import io
 import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
 
@@ -22,6 +27,17 @@ _POOLS: dict[int, ThreadPoolExecutor] = {}
 _POOLS_LOCK = threading.Lock()
 
 
+@dataclass(frozen=True)
+class Undecodable:
+    """A sample whose image could not be decoded: ``name`` (a file path or a sample id) and why."""
+
+    name: str
+    reason: str
+
+    def __str__(self) -> str:
+        return f"{self.name}: {self.reason}"
+
+
 def decode_image(payload: bytes | str | Path) -> Image.Image:
     """Decode encoded bytes or an image file into a fully loaded RGB ``PIL.Image``.
 
@@ -30,6 +46,16 @@ def decode_image(payload: bytes | str | Path) -> Image.Image:
     source = io.BytesIO(payload) if isinstance(payload, (bytes, bytearray, memoryview)) else payload
     with Image.open(source) as image:
         return image.convert("RGB")
+
+
+def try_decode(payload: bytes | str | Path, name: str) -> Image.Image | Undecodable:
+    """``decode_image(payload)``, or an ``Undecodable`` naming the sample when it cannot be decoded."""
+    try:
+        return decode_image(payload)
+    except (OSError, ValueError, SyntaxError, Image.DecompressionBombError) as err:
+        # PIL reports bad data as OSError ("cannot identify image file", "image file is truncated"),
+        # ValueError or SyntaxError, depending on the format plugin.
+        return Undecodable(name, f"{type(err).__name__}: {err}")
 
 
 def _pool(workers: int) -> ThreadPoolExecutor:
@@ -48,6 +74,14 @@ def parallel_map(fn: Callable[[T], R], items: Sequence[T], workers: int) -> list
     return list(_pool(workers).map(fn, items))
 
 
-def decode_many(payloads: Sequence[bytes | str | Path], workers: int) -> list[Image.Image]:
-    """Decode a batch of encoded images in parallel; the order of the output is the order of the input."""
-    return parallel_map(decode_image, payloads, workers)
+def decode_many(
+    payloads: Sequence[bytes | str | Path], workers: int, names: Sequence[str] | None = None
+) -> list[Image.Image | Undecodable]:
+    """Decode a batch in parallel, in input order; an undecodable item becomes an ``Undecodable``.
+
+    ``names`` label the items in those reports (default: the payload itself when it is a path, else its
+    position in the batch).
+    """
+    if names is None:
+        names = [str(p) if isinstance(p, (str, Path)) else f"item {i} of the batch" for i, p in enumerate(payloads)]
+    return parallel_map(lambda pair: try_decode(*pair), list(zip(payloads, names, strict=True)), workers)

@@ -17,6 +17,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 from PIL import Image
 
+from fedrapp_app.data.loader import Undecodable
 from fedrapp_app.data.partition import partition_indices
 from fedrapp_app.data.presets import get_preset
 from fedrapp_app.data.sources import Source, cached_source, clear_source_cache
@@ -32,16 +33,18 @@ class StreamBatch:
 
     Attributes
     ----------
-    images : B RGB images (PIL), not preprocessed.
+    images : B RGB images (PIL), not preprocessed; B may be below the batch size (last batch, skipped samples).
     labels : int64 [B], only for scoring predictions.
     indices : int64 [B], the samples' positions in the source.
     position : the batch's position in the stream (0-based).
+    skipped : the samples of this batch that could not be decoded (dropped from the arrays above).
     """
 
     images: list[Image.Image]
     labels: np.ndarray
     indices: np.ndarray
     position: int
+    skipped: tuple[Undecodable, ...] = ()
 
 
 class ClientStream:
@@ -107,10 +110,18 @@ class ClientStream:
         indices = self.indices_at(position)
         if self._domain is not None:
             assert isinstance(self.source, TestbedSource)
-            images = self.source.load(indices, self._domain)
+            loaded = self.source.load(indices, self._domain)
         else:
-            images = self.source.load(indices)
-        return StreamBatch(images, self.source.labels()[indices].copy(), indices.copy(), int(position))
+            loaded = self.source.load(indices)
+        keep = np.array([not isinstance(item, Undecodable) for item in loaded], dtype=bool)
+        kept = indices[keep]
+        return StreamBatch(
+            [item for item in loaded if not isinstance(item, Undecodable)],
+            self.source.labels()[kept].copy(),
+            kept.copy(),
+            int(position),
+            tuple(item for item in loaded if isinstance(item, Undecodable)),
+        )
 
     def batch(self, position: int) -> StreamBatch:
         """Batch ``position`` of the stream (taken from a prefetch if one was started)."""

@@ -8,6 +8,7 @@ from collections.abc import Sequence
 import numpy as np
 from PIL import Image
 
+from fedrapp_app.data.loader import Undecodable
 from fedrapp_app.data.presets import DatasetPreset, clean_classnames
 
 
@@ -30,8 +31,9 @@ class Source(ABC):
         """int64 [N]: the label of every sample, in source order."""
 
     @abstractmethod
-    def load(self, indices: Sequence[int] | np.ndarray) -> list[Image.Image]:
-        """The RGB images of the given sample positions, in that order."""
+    def load(self, indices: Sequence[int] | np.ndarray) -> list[Image.Image | Undecodable]:
+        """The RGB images of the given sample positions, in that order; a sample that cannot be decoded is an
+        ``Undecodable`` (its name and the reason) in its place."""
 
     def __len__(self) -> int:
         return len(self.labels())
@@ -76,7 +78,7 @@ class ClassSubset(Source):
     def labels(self) -> np.ndarray:
         return self._labels
 
-    def load(self, indices: Sequence[int] | np.ndarray) -> list[Image.Image]:
+    def load(self, indices: Sequence[int] | np.ndarray) -> list[Image.Image | Undecodable]:
         return self._base.load(self._rows[np.asarray(indices, dtype=np.int64)])
 
 

@@ -21,7 +21,7 @@ import numpy as np
 from PIL import Image
 
 from fedrapp_app.data.errors import unavailable
-from fedrapp_app.data.loader import decode_many
+from fedrapp_app.data.loader import Undecodable, decode_many
 from fedrapp_app.data.presets import DatasetPreset
 from fedrapp_app.data.sources.base import Source, check_labels
 
@@ -61,7 +61,7 @@ class FileListSource(Source):
     def labels(self) -> np.ndarray:
         return self._labels
 
-    def load(self, indices: Sequence[int] | np.ndarray) -> list[Image.Image]:
+    def load(self, indices: Sequence[int] | np.ndarray) -> list[Image.Image | Undecodable]:
         return decode_many([self._paths[int(i)] for i in np.asarray(indices)], self._workers)
 
 

@@ -15,7 +15,7 @@ import numpy as np
 from PIL import Image
 
 from fedrapp_app.data.errors import unavailable
-from fedrapp_app.data.loader import decode_many
+from fedrapp_app.data.loader import Undecodable, decode_many
 from fedrapp_app.data.sources.base import Source, check_labels
 
 AUTO = "auto"
@@ -120,7 +120,9 @@ class HuggingFaceSource(Source):
     def labels(self) -> np.ndarray:
         return self._labels
 
-    def load(self, indices: Sequence[int] | np.ndarray) -> list[Image.Image]:
-        rows = self._table[[int(i) for i in np.asarray(indices)]][self._image_col]
+    def load(self, indices: Sequence[int] | np.ndarray) -> list[Image.Image | Undecodable]:
+        positions = [int(i) for i in np.asarray(indices)]
+        rows = self._table[positions][self._image_col]
         payloads = [row["bytes"] if row.get("bytes") else row["path"] for row in rows]
-        return decode_many(payloads, self._workers)
+        names = [row.get("path") or f"{self.description} row {i}" for row, i in zip(rows, positions, strict=True)]
+        return decode_many(payloads, self._workers, names)

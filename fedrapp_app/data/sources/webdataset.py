@@ -20,7 +20,7 @@ import numpy as np
 from PIL import Image
 
 from fedrapp_app.data.errors import unavailable
-from fedrapp_app.data.loader import decode_many
+from fedrapp_app.data.loader import Undecodable, decode_many
 from fedrapp_app.data.sources.base import Source, check_labels
 
 IMAGE_EXTENSIONS = ("webp", "jpg", "jpeg", "png")
@@ -143,9 +143,11 @@ class WebDatasetSource(Source):
         # pread keeps no file position, so concurrent decode threads can share one descriptor per shard.
         return os.pread(self._fd(int(self._shard_ids[index])), int(self._sizes[index]), int(self._offsets[index]))
 
-    def load(self, indices: Sequence[int] | np.ndarray) -> list[Image.Image]:
-        payloads = [self._read(int(i)) for i in np.asarray(indices, dtype=np.int64)]
-        return decode_many(payloads, self._workers)
+    def load(self, indices: Sequence[int] | np.ndarray) -> list[Image.Image | Undecodable]:
+        positions = [int(i) for i in np.asarray(indices, dtype=np.int64)]
+        payloads = [self._read(i) for i in positions]
+        names = [f"{self._shards[int(self._shard_ids[i])]} sample {i}" for i in positions]
+        return decode_many(payloads, self._workers, names)
 
     def __del__(self) -> None:
         for fd in getattr(self, "_fds", {}).values():

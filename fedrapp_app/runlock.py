@@ -1,0 +1,92 @@
+"""One writer per run folder: an advisory lock (``flock``) on ``<run_dir>/.lock`` held while a run writes there.
+
+The kernel drops the lock when its holder dies (killed, crashed, Ctrl-C), so a dead run never blocks the next
+one; a live one makes a second run or a resume on the same folder fail at once, naming the holder's PID.
+The lock file keeps the holder's PID, host, start time and, under ``fedrapp-sim``, the launcher's PID.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import socket
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+LOCK_FILE = ".lock"
+#: Set by ``fedrapp-sim`` for the processes it starts, so that the lock names the command a user can stop.
+LAUNCHER_PID_ENV = "FEDRAPP_LAUNCHER_PID"
+
+
+class RunFolderBusy(RuntimeError):
+    """Another live process writes this run folder."""
+
+
+def _describe(run_dir: Path, holder: dict[str, Any]) -> str:
+    who = f"PID {holder.get('pid', '?')} on {holder.get('host', '?')}"
+    if holder.get("launcher_pid"):
+        who += f" (started by fedrapp-sim PID {holder['launcher_pid']})"
+    since = holder.get("started")
+    when = time.strftime(" since %Y-%m-%d %H:%M:%S", time.localtime(since)) if isinstance(since, float) else ""
+    stop = holder.get("launcher_pid") or holder.get("pid", "<pid>")
+    return (
+        f"run folder {run_dir} is being written by {who}{when}: a run folder has one writer. Wait for that run "
+        f"to end, or stop it (kill -INT {stop}) and resume it; or choose another run-name"
+    )
+
+
+def holder(run_dir: Path) -> dict[str, Any] | None:
+    """Who holds the lock of ``run_dir`` now (its lock file's content), or None when nobody does."""
+    path = Path(run_dir) / LOCK_FILE
+    if not path.is_file():
+        return None
+    with open(path, "a+") as f:
+        try:
+            fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            f.seek(0)
+            try:
+                return json.loads(f.read() or "{}")
+            except json.JSONDecodeError:
+                return {}
+        fcntl.flock(f.fileno(), fcntl.LOCK_UN)
+        return None
+
+
+def check_free(run_dir: Path) -> None:
+    """Raise ``RunFolderBusy`` when a live process holds ``run_dir``'s lock."""
+    found = holder(run_dir)
+    if found is not None:
+        raise RunFolderBusy(_describe(Path(run_dir), found))
+
+
+@contextlib.contextmanager
+def run_lock(run_dir: Path) -> Iterator[None]:
+    """Hold ``run_dir``'s lock for the ``with`` block (creating the folder); ``RunFolderBusy`` if it is held."""
+    run_dir = Path(run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    with open(run_dir / LOCK_FILE, "a+") as f:
+        try:
+            fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            f.seek(0)
+            try:
+                found = json.loads(f.read() or "{}")
+            except json.JSONDecodeError:
+                found = {}
+            raise RunFolderBusy(_describe(run_dir, found)) from None
+        me = {"pid": os.getpid(), "host": socket.gethostname(), "started": time.time()}
+        if os.environ.get(LAUNCHER_PID_ENV):
+            me["launcher_pid"] = int(os.environ[LAUNCHER_PID_ENV])
+        f.seek(0)
+        f.truncate()
+        f.write(json.dumps(me))
+        f.flush()
+        try:
+            yield
+        finally:
+            fcntl.flock(f.fileno(), fcntl.LOCK_UN)
