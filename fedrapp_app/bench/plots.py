@@ -9,7 +9,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -99,11 +99,18 @@ def _uniform_share(domains: Sequence[str]) -> float | None:
     return sum((domains.count(d) - 1) / (len(domains) - 1) for d in domains) / len(domains)
 
 
-def fedrapp_figure(row: Mapping[str, Any], title: str, path: Path) -> Path:
-    """r, mu, gamma and same-domain peer share per client over rounds for one FedRAPP cell."""
+def fedrapp_figure(
+    row: Mapping[str, Any], title: str, path: Path, save: Callable[[Any, Path], Any] | None = None
+) -> Path:
+    """r, mu, gamma and same-domain peer share per client over rounds for one FedRAPP cell.
+
+    ``save(fig, path)`` replaces the default full-colour PNG (the run report saves a palette PNG).
+    """
     clients = row["clients"]
-    domains = sorted({str(b["domain"]) for b in clients.values()})
-    color_of = {d: f"C{i % 10}" for i, d in enumerate(domains)}
+    # Without shift domains (a real dataset) each client gets its own colour and there is no same-domain share.
+    known = all(b.get("domain") is not None for b in clients.values())
+    domain_of = {c: str(b["domain"]) if known else f"client {c}" for c, b in clients.items()}
+    color_of = {d: f"C{i % 10}" for i, d in enumerate(sorted(set(domain_of.values())))}
     fig, axes = plt.subplots(2, 2, figsize=(11, 7), sharex=True)
     panels = (
         ("r", "reliability r"),
@@ -113,7 +120,7 @@ def fedrapp_figure(row: Mapping[str, Any], title: str, path: Path) -> Path:
     )
     seen_domain: dict[str, int] = {}
     for client, block in clients.items():
-        domain = str(block["domain"])
+        domain = domain_of[client]
         style = _STYLES[seen_domain.get(domain, 0) % len(_STYLES)]
         seen_domain[domain] = seen_domain.get(domain, 0) + 1
         for ax, (key, _) in zip(axes.flat, panels, strict=True):
@@ -126,14 +133,14 @@ def fedrapp_figure(row: Mapping[str, Any], title: str, path: Path) -> Path:
                 linewidth=1.2,
                 marker=".",
                 markersize=3,
-                label=f"client {client} ({domain})",
+                label=f"client {client} ({domain})" if known else domain,
             )
     for ax, (_, name) in zip(axes.flat, panels, strict=True):
         ax.set_title(name, fontsize=9)
         ax.grid(alpha=0.3)
     share_ax = axes.flat[3]
     share_ax.set_ylim(-0.05, 1.05)
-    uniform = _uniform_share([str(b["domain"]) for b in clients.values()])
+    uniform = _uniform_share(list(domain_of.values())) if known else None
     if uniform is not None:
         share_ax.axhline(uniform, color="grey", linestyle="--", linewidth=1, label="uniform weights")
         share_ax.legend(fontsize=7, loc="best")
@@ -143,6 +150,9 @@ def fedrapp_figure(row: Mapping[str, Any], title: str, path: Path) -> Path:
     axes.flat[0].legend(fontsize=7, ncol=2, loc="best")
     fig.suptitle(title, fontsize=10)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    if save is None:
+        fig.savefig(path, dpi=110)
+    else:
+        save(fig, path)
     plt.close(fig)
     return path

@@ -1,0 +1,335 @@
+"""Figures of a run report (matplotlib, Agg backend), drawn from the run files alone.
+
+Each figure is assembled from small panel functions (``draw_*``, one matplotlib ``Axes`` each), so the
+one-glance overview and the detailed figures share their drawing. Clients are coloured by shift domain
+(by id where there are none) as in the benchmark figures, and saved as palette PNGs (a few tens of KB).
+
+- ``overview_figure``: accuracy per round, accuracy per client, and who learns from whom (or, for a rule
+  without peer weights, what happened to each client in each round);
+- ``accuracy_figure``: online and received-prompt accuracy per round, overall and per client;
+- ``status_figure``: each client's row status per round;
+- ``peers_figure``: the peer weights w_ij and the mixing weights (ξ) averaged over rounds, by domain;
+- ``compare_figure``: several runs' accuracy per round overlaid, and the per-client difference.
+
+- ``signals_figure``: FedRAPP's r, μ, γ and same-domain share per client per round (the benchmark's
+  ``fedrapp_figure``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402 - the backend must be chosen first
+import numpy as np  # noqa: E402
+from matplotlib.colors import ListedColormap  # noqa: E402
+from matplotlib.patches import Patch  # noqa: E402
+from matplotlib.ticker import MaxNLocator  # noqa: E402
+
+from fedrapp_app.bench.personalization import save_small_png  # noqa: E402
+from fedrapp_app.bench.plots import fedrapp_figure  # noqa: E402
+from fedrapp_app.bench.stats import round_curve  # noqa: E402
+from fedrapp_app.report.runs import Run  # noqa: E402
+from fedrapp_app.report.tables import (  # noqa: E402
+    ClientStats,
+    Comparison,
+    PeerMatrix,
+    cumulative_accuracy,
+    domain_order,
+    statuses_of,
+)
+
+#: Colours of the row statuses (a status this version does not know is drawn black).
+STATUS_COLORS = {
+    "ok": "#4c9a2a",
+    "failed": "#d62728",
+    "rejected": "#ff7f0e",
+    "missing": "#7f7f7f",
+    "exhausted": "#aec7e8",
+    "skipped": "#9467bd",
+}
+_NOT_SAMPLED = "#ffffff"
+
+
+def client_colors(domains: Sequence[str | None]) -> list[str]:
+    """A colour per client: its domain's (domains sorted by name, as in the benchmark figures), or its own
+    without domains."""
+    if any(d is None for d in domains):
+        return [f"C{c % 10}" for c in range(len(domains))]
+    index = {d: k for k, d in enumerate(sorted(set(domains)))}
+    return [f"C{index[d] % 10}" for d in domains]
+
+
+def client_label(client: int, domains: Sequence[str | None]) -> str:
+    domain = domains[client] if client < len(domains) else None
+    return f"{client}" if domain is None else f"{client} {domain}"
+
+
+def _domain_legend(ax: Any, domains: Sequence[str | None], **kwargs: Any) -> None:
+    if any(d is None for d in domains) or not domains:
+        return
+    colors = client_colors(domains)
+    handles = {d: Patch(color=colors[c], label=d) for c, d in enumerate(domains)}
+    ax.legend(handles=list(handles.values()), **kwargs)
+
+
+def _legend(ax: Any, counts: bool = True) -> None:
+    """The accuracy legend, in the band above 100%; ``counts``: with the twin axis' bars of clients scored."""
+    handles, labels = ax.get_legend_handles_labels()
+    if counts:
+        handles += [Patch(color="grey", alpha=0.3)]
+        labels += ["clients scored (bars)"]
+    ax.legend(handles, labels, fontsize=7, loc="upper center", ncol=2)
+
+
+def _round_axis(ax: Any) -> None:
+    ax.set_xlabel("round")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.grid(alpha=0.3)
+
+
+def draw_accuracy(
+    ax: Any,
+    curves: Mapping[str, Any],
+    domains: Sequence[str | None],
+    key: str = "acc",
+    with_received: bool = True,
+    with_counts: bool = True,
+) -> None:
+    """Per-round accuracy (%): one thin line per client (``key`` = "acc" online, "acc_before" received prompt),
+    the pooled accuracy of the round over all its clients (thick), and, with ``with_received``, the received
+    prompt's pooled accuracy (dashed). ``with_counts``: grey bars of the clients scored per round."""
+    colors = client_colors(domains)
+    for client, block in curves["clients"].items():
+        ax.plot(block["round"], 100 * np.asarray(block[key]), color=colors[int(client)], linewidth=0.7, alpha=0.55)
+    numerator = "correct" if key == "acc" else "correct_before"
+    rounds, acc = round_curve([curves], numerator)
+    label = "all clients, online" if key == "acc" else "all clients, received prompt"
+    ax.plot(rounds, 100 * acc, color="black", linewidth=2.0, label=label)
+    if with_received and key == "acc":
+        _, before = round_curve([curves], "correct_before")
+        label = "all clients, received prompt"
+        ax.plot(rounds, 100 * before, color="black", linestyle="--", linewidth=1.3, label=label)
+    if key == "acc":
+        t, cumulative = cumulative_accuracy(curves)
+        ax.plot(t, 100 * cumulative, color="#8c564b", linestyle=":", linewidth=1.6, label="online so far (cumulative)")
+    ax.set_ylim(-2, 122)  # room above 100% for the legend
+    ax.set_yticks(range(0, 101, 20))
+    ax.set_ylabel("top-1 accuracy of the round's batches (%)", fontsize=8)
+    _round_axis(ax)
+    if with_counts and curves["rounds"]["round"]:
+        twin = ax.twinx()
+        twin.bar(curves["rounds"]["round"], curves["rounds"]["clients"], color="grey", alpha=0.15, width=0.8)
+        twin.set_ylim(0, 4 * max(curves["rounds"]["clients"]))  # the bars stay in the bottom quarter
+        twin.set_yticks([])
+        ax.set_zorder(twin.get_zorder() + 1)
+        ax.patch.set_visible(False)
+
+
+def draw_clients(ax: Any, stats: Sequence[ClientStats], domains: Sequence[str | None]) -> None:
+    """Bars: each client's online accuracy (%) ordered by domain; ticks: its received prompt's accuracy;
+    a note above a client whose rows were failed, rejected, missing or skipped."""
+    order = domain_order(domains) if len(domains) == len(stats) else list(range(len(stats)))
+    colors = client_colors(domains)
+    x = np.arange(len(order))
+    acc = [100 * stats[c].accuracy if stats[c].samples else 0.0 for c in order]
+    ax.bar(x, acc, color=[colors[c] for c in order], width=0.75)
+    received = [100 * stats[c].accuracy_received if stats[c].samples else np.nan for c in order]
+    ax.plot(x, received, linestyle="none", marker="_", markersize=12, markeredgewidth=2, color="black")
+    ax.plot([], [], linestyle="none", marker="_", markersize=10, markeredgewidth=2, color="black", label="received")
+    for k, c in enumerate(order):
+        trouble = {s: n for s, n in stats[c].statuses.items() if n and s not in ("ok", "exhausted")}
+        if not stats[c].samples:
+            trouble["no samples"] = 1
+        if trouble:
+            text = "\n".join(f"{n} {s}" if s != "no samples" else s for s, n in trouble.items())
+            ax.annotate(text, (k, min(acc[k], 88) + 2), ha="center", va="bottom", fontsize=6.5, color="#d62728")
+    ax.set_xticks(x, [str(c) for c in order], fontsize=8)
+    ax.set_xlabel("client" + (" (grouped by shift domain)" if None not in domains else ""))
+    ax.set_ylim(0, 115)  # room above 100% for the domain legend
+    ax.set_yticks(range(0, 101, 20))
+    ax.set_ylabel("online accuracy (%)", fontsize=8)
+    ax.grid(axis="y", alpha=0.3)
+
+
+def draw_matrix(ax: Any, values: np.ndarray, domains: Sequence[str | None], title: str, diagonal: bool = False) -> Any:
+    """Heatmap of a client × client matrix (%), rows and columns grouped by domain, with domain separators;
+    values printed in the cells when there are at most 12 clients. Returns the image (for a colour bar)."""
+    order = domain_order(domains)
+    shown = 100 * values[np.ix_(order, order)]
+    if not diagonal:
+        shown = np.where(np.eye(len(order), dtype=bool), np.nan, shown)
+    image = ax.imshow(shown, cmap="Blues", vmin=0, vmax=max(1.0, float(np.nanmax(shown))), interpolation="nearest")
+    labels = [client_label(c, domains) for c in order]
+    ax.set_xticks(range(len(order)), [str(c) for c in order], fontsize=7)
+    ax.set_yticks(range(len(order)), labels, fontsize=7)
+    ax.set_xlabel("peer j (source)", fontsize=8)
+    ax.set_ylabel("client i (receiver)", fontsize=8)
+    if None not in domains:
+        grouped = [domains[c] for c in order]
+        for k in range(1, len(grouped)):
+            if grouped[k] != grouped[k - 1]:
+                ax.axhline(k - 0.5, color="black", linewidth=0.8)
+                ax.axvline(k - 0.5, color="black", linewidth=0.8)
+    if len(order) <= 12:
+        top = np.nanmax(shown) if np.isfinite(shown).any() else 1.0
+        for i in range(len(order)):
+            for j in range(len(order)):
+                if np.isfinite(shown[i, j]):
+                    color = "white" if shown[i, j] > 0.6 * top else "black"
+                    ax.text(j, i, f"{shown[i, j]:.0f}", ha="center", va="center", fontsize=6.5, color=color)
+    ax.set_title(title, fontsize=9)
+    return image
+
+
+def draw_status(ax: Any, run: Run) -> None:
+    """Client × round grid of row statuses (white: the client was not sampled that round)."""
+    statuses = statuses_of(run)
+    palette = [_NOT_SAMPLED, *(STATUS_COLORS.get(s, "black") for s in statuses)]
+    last = max(int(r["round"]) for r in run.rows)
+    order = domain_order(run.domains)
+    position = {c: k for k, c in enumerate(order)}
+    grid = np.zeros((len(order), last), dtype=int)
+    for row in run.rows:
+        grid[position[int(row["client"])], int(row["round"]) - 1] = 1 + statuses.index(str(row["status"]))
+    ax.imshow(
+        grid,
+        cmap=ListedColormap(palette),
+        vmin=-0.5,
+        vmax=len(palette) - 0.5,
+        aspect="auto",
+        interpolation="nearest",
+        extent=(0.5, last + 0.5, len(order) - 0.5, -0.5),
+    )
+    ax.set_yticks(range(len(order)), [client_label(c, run.domains) for c in order], fontsize=7)
+    ax.set_xlabel("round")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    seen = sorted({int(v) for v in grid.flat if v}, key=int)
+    handles = [Patch(color=palette[v], label=statuses[v - 1]) for v in seen]
+    handles.append(Patch(facecolor=_NOT_SAMPLED, edgecolor="grey", label="not sampled"))
+    ax.legend(handles=handles, fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
+
+
+def headline(run: Run, micro: float, macro: float, samples: int) -> str:
+    state = "" if run.complete else "  [INCOMPLETE]"
+    return (
+        f"{run.name}: {run.title}. Online accuracy {100 * micro:.2f}% micro / {100 * macro:.2f}% macro, "
+        f"{samples} samples{state}"
+    )
+
+
+def _save(fig: Any, path: Path, dpi: int = 100) -> Path:
+    save_small_png(fig, path, dpi=dpi)
+    plt.close(fig)
+    return path
+
+
+def overview_figure(
+    run: Run,
+    curves: Mapping[str, Any],
+    stats: Sequence[ClientStats],
+    matrix: PeerMatrix | None,
+    share: tuple[float, float] | None,
+    title: str,
+    path: Path,
+) -> Path:
+    """The run at a glance: accuracy per round, per client, and who learns from whom (or statuses).
+
+    ``share``: mean same-domain peer share and its equal-weights reference, printed under the matrix."""
+    fig, axes = plt.subplots(1, 3, figsize=(14, 4.3), gridspec_kw={"width_ratios": [1.35, 1.0, 1.0]})
+    draw_accuracy(axes[0], curves, run.domains)
+    axes[0].set_title("accuracy per round (thin: each client, online)", fontsize=9)
+    _legend(axes[0])
+    draw_clients(axes[1], stats, run.domains)
+    axes[1].set_title("online accuracy per client (tick: received prompt)", fontsize=9)
+    _domain_legend(axes[1], run.domains, fontsize=7, loc="upper right", ncol=2)
+    if matrix is not None:
+        heading = "who learns from whom: peer weight w_ij (%)"
+        if share is not None:
+            heading += f"\nsame-domain share {100 * share[0]:.0f}% (equal weights: {100 * share[1]:.0f}%)"
+        draw_matrix(axes[2], matrix.weights, run.domains, heading)
+    else:
+        draw_status(axes[2], run)
+        axes[2].set_title(f"row status per round ({run.strategy}: no peer weights)", fontsize=9)
+    fig.suptitle(title, fontsize=10)
+    fig.tight_layout(rect=(0, 0, 1, 0.94))
+    return _save(fig, path)
+
+
+def accuracy_figure(run: Run, curves: Mapping[str, Any], title: str, path: Path) -> Path:
+    """Online (left) and received-prompt (right) accuracy per round, overall and per client."""
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4.2), sharey=True)
+    draw_accuracy(axes[0], curves, run.domains, "acc", with_received=False)
+    draw_accuracy(axes[1], curves, run.domains, "acc_before", with_counts=True)
+    axes[0].set_title("online accuracy (after local adaptation)", fontsize=9)
+    axes[1].set_title("received prompt, before adaptation", fontsize=9)
+    _legend(axes[0])
+    _domain_legend(axes[1], run.domains, fontsize=7, loc="upper center", ncol=4)
+    fig.suptitle(title + "  (grey bars: clients scored in the round)", fontsize=9)
+    fig.tight_layout(rect=(0, 0, 1, 0.94))
+    return _save(fig, path)
+
+
+def status_figure(run: Run, title: str, path: Path) -> Path:
+    """What happened to each client in each round."""
+    fig, ax = plt.subplots(figsize=(9, 1.4 + 0.28 * run.num_clients))
+    draw_status(ax, run)
+    ax.set_title(title, fontsize=9)
+    fig.tight_layout()
+    return _save(fig, path)
+
+
+def peers_figure(run: Run, matrix: PeerMatrix, xi_rule: bool, title: str, path: Path) -> Path:
+    """Left: peer weights w_ij (rows sum to 100%); right: the weight of j in i's next prompt (ξ_ij)."""
+    size = 3.2 + 0.32 * run.num_clients
+    fig, axes = plt.subplots(1, 2, figsize=(2 * size + 1.2, size))
+    draw_matrix(axes[0], matrix.weights, run.domains, "peer weight w_ij (%): share of peer j in i's peer part")
+    right = "ξ_ij (%): weight of upload j in i's next prompt" if xi_rule else "weight of memory j in P̂_i (%)"
+    image = draw_matrix(axes[1], matrix.mixing, run.domains, right + "\n(diagonal: 1 − γ_i)", diagonal=True)
+    fig.colorbar(image, ax=axes[1], fraction=0.046, pad=0.04)
+    fig.suptitle(title, fontsize=9)
+    fig.tight_layout(rect=(0, 0, 1, 0.93))
+    return _save(fig, path)
+
+
+def compare_figure(comparison: Comparison, curves: Sequence[Mapping[str, Any]], title: str, path: Path) -> Path:
+    """Left, middle: every run's online and received-prompt accuracy per round (pooled over clients);
+    right: per-client online accuracy of each run minus the first's (points)."""
+    runs = comparison.runs
+    fig, axes = plt.subplots(1, 3, figsize=(14, 4.2), gridspec_kw={"width_ratios": [1.1, 1.1, 1.0]})
+    for k, (run, c) in enumerate(zip(runs, curves, strict=True)):
+        label = f"{run.name} ({run.strategy})" + ("" if run.complete else " [incomplete]")
+        for ax, numerator in zip(axes[:2], ("correct", "correct_before"), strict=True):
+            rounds, acc = round_curve([c], numerator)
+            ax.plot(rounds, 100 * acc, color=f"C{k % 10}", linewidth=1.6, label=label)
+    axes[0].set_title("online accuracy per round (all clients)", fontsize=9)
+    axes[1].set_title("received prompt, before adaptation", fontsize=9)
+    for ax in axes[:2]:
+        _round_axis(ax)
+        ax.set_ylim(-2, 102)
+    axes[0].set_ylabel("top-1 accuracy of the round's batches (%)", fontsize=8)
+    axes[0].legend(fontsize=7, loc="lower left")
+    n = comparison.accuracy.shape[1]
+    width = 0.8 / max(1, len(runs) - 1)
+    for k in range(1, len(runs)):
+        delta = 100 * comparison.delta(k)
+        offset = (k - 1 - (len(runs) - 2) / 2) * width
+        axes[2].bar(np.arange(n) + offset, np.nan_to_num(delta), width=width, color=f"C{k % 10}", label=runs[k].name)
+    axes[2].axhline(0, color="black", linewidth=0.8)
+    axes[2].set_xticks(range(n), [str(c) for c in range(n)], fontsize=8)
+    axes[2].set_xlabel("client")
+    axes[2].set_ylabel(f"online accuracy minus {runs[0].name}'s (points)", fontsize=8)
+    axes[2].set_title(f"per-client difference to {runs[0].strategy} (paired)", fontsize=9)
+    axes[2].grid(axis="y", alpha=0.3)
+    fig.suptitle(title, fontsize=10)
+    fig.tight_layout(rect=(0, 0, 1, 0.94))
+    return _save(fig, path)
+
+
+def signals_figure(curves: Mapping[str, Any], title: str, path: Path) -> Path:
+    """FedRAPP's r, μ, γ and same-domain peer share per client per round (palette PNG)."""
+    return fedrapp_figure(curves, title, path, save=save_small_png)

@@ -1,0 +1,453 @@
+"""The report page: ``report.md`` and its figures for one run, or a comparison page for several.
+
+``write_report([run_dir])`` writes into ``run_dir/report/`` (or ``out``): ``report.md``, ``overview.png``
+(the run at a glance), ``accuracy.png``, ``status.png``, ``peers.png`` (rules with peer weights) and
+``fedrapp.png`` (FedRAPP's r, μ, γ and same-domain share per client per round).
+
+``write_report([a, b, ...], out)`` writes a comparison page into ``out`` (default: a ``compare-…`` folder
+beside the first run): ``report.md`` and ``compare.png``, plus every run's own report under ``runs/<name>/``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import math
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from fedrapp_app.bench.rows import write_text_atomic
+from fedrapp_app.report import figures
+from fedrapp_app.report.runs import ROUNDS_FILE, Run, RunError, load_run
+from fedrapp_app.report.tables import (
+    XI_RULES,
+    ClientStats,
+    Comparison,
+    Totals,
+    WallTime,
+    client_stats,
+    compare,
+    config_changes,
+    events,
+    fedrapp_signals,
+    mean_share,
+    peer_matrix,
+    round_curves,
+    same_domain_share,
+    statuses_of,
+    summary_mismatches,
+    totals,
+    wall_time,
+)
+
+REPORT_FILE = "report.md"
+#: At most this many failed/rejected/missing/skipped rows are listed one by one.
+MAX_EVENTS = 25
+
+
+def _pct(value: float, digits: int = 2) -> str:
+    return "–" if value is None or not math.isfinite(value) else f"{100 * value:.{digits}f}"
+
+
+def _secs(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.1f}"
+
+
+def _table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
+    lines = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
+    lines += ["| " + " | ".join(str(v) for v in row) + " |" for row in rows]
+    return "\n".join(lines) + "\n"
+
+
+def _value(value: Any) -> str:
+    return "(absent)" if value is None else f"`{value!r}`" if isinstance(value, str) else f"`{value}`"
+
+
+def _one_line(text: str, width: int = 140) -> str:
+    line = " ".join(str(text).split())
+    return (line[: width - 1] + "…" if len(line) > width else line).replace("|", "\\|")
+
+
+# ---------------------------------------------------------------------------------------------- sections
+def _accuracy_section(run: Run, t: Totals) -> str:
+    out = io.StringIO()
+    out.write("## Accuracy\n\n")
+    out.write(
+        "Online accuracy counts each sample once, predicted in the round it arrived after the client adapted on "
+        "its batch (SPEC §7); the received prompt's accuracy is the prompt the server sent, on the same samples "
+        "before adaptation: the gap isolates what the local step added, the received prompt what aggregation "
+        "brought. Recomputed from `rounds.jsonl`.\n\n"
+    )
+    out.write(
+        _table(
+            ["", "micro (over samples)", "macro (over clients)"],
+            [
+                ["online accuracy (%)", f"**{_pct(t.micro)}**", _pct(t.macro)],
+                ["received prompt, before adaptation (%)", _pct(t.micro_received), _pct(t.macro_received)],
+            ],
+        )
+    )
+    out.write(
+        f"\n{t.samples} samples scored in {t.rounds} rounds by {t.clients_scored} of {run.num_clients} clients.\n"
+    )
+    mismatches = summary_mismatches(run, t)
+    if mismatches:
+        out.write(
+            "\n**summary.json disagrees with rounds.jsonl** (a resumed run whose rows were rewritten, or an edited "
+            "file): " + "; ".join(mismatches) + ".\n"
+        )
+    out.write("\n![accuracy per round](accuracy.png)\n\n")
+    return out.getvalue()
+
+
+def _clients_section(run: Run, stats: Sequence[ClientStats], shares: dict[int, tuple[float, float]]) -> str:
+    statuses = statuses_of(run)
+    headers = [
+        "client",
+        "domain",
+        "online acc. (%)",
+        "received prompt (%)",
+        "samples",
+        "rounds scored",
+        *statuses,
+        "skipped samples",
+    ]
+    if shares:
+        headers.append("peer weight on own domain (%)")
+    rows = []
+    for s in stats:
+        row = [
+            s.client,
+            s.domain or "–",
+            _pct(s.accuracy),
+            _pct(s.accuracy_received),
+            s.samples,
+            s.rounds_scored,
+            *(s.statuses[x] for x in statuses),
+            s.skipped_samples,
+        ]
+        if shares:
+            share = shares.get(s.client)
+            row.append("–" if share is None else f"{_pct(share[0], 0)} (uniform {_pct(share[1], 0)})")
+        rows.append(row)
+    out = io.StringIO()
+    out.write("## Clients\n\n")
+    out.write(
+        "Statuses count the client's rows: `ok` scored, `failed` (its ClientApp raised), `rejected` (an invalid "
+        "upload), `missing` (no reply in time), `exhausted` (its stream had ended), `skipped` (a batch with no "
+        "decodable sample); skipped samples are undecodable images dropped from its batches.\n\n"
+    )
+    out.write(_table(headers, rows))
+    unscored = (run.summary or {}).get("unscored") or {}
+    if unscored:
+        out.write("\nSamples never scored (from summary.json):\n\n")
+        for client, info in sorted(unscored.items(), key=lambda kv: int(kv[0])):
+            info = info if isinstance(info, dict) else {"samples": info}
+            reasons = info.get("reasons") or [info.get("reason") or "no reason recorded"]
+            samples = "unknown number of" if info.get("samples") is None else info["samples"]
+            out.write(f"- client {client}: {samples} samples; {_one_line('; '.join(map(str, reasons)))}\n")
+    listed = events(run)
+    if listed:
+        out.write(f"\nRows that were not scored ({len(listed)}):\n\n")
+        for row in listed[:MAX_EVENTS]:
+            reason = _one_line(row.get("reason", "")) or "no reason recorded"
+            out.write(f"- round {row['round']}, client {row['client']}: {row['status']} ({reason})\n")
+        if len(listed) > MAX_EVENTS:
+            out.write(f"- … and {len(listed) - MAX_EVENTS} more (see `{ROUNDS_FILE}`)\n")
+    out.write("\n![row status per client and round](status.png)\n\n")
+    return out.getvalue()
+
+
+def _peers_section(run: Run, shares: dict[int, tuple[float, float]]) -> str:
+    xi = run.strategy in XI_RULES
+    out = io.StringIO()
+    out.write("## Who learns from whom\n\n")
+    if xi:
+        what = (
+            f"{run.strategy} mixes the uploads: client i's next prompt is Σ_j ξ_ij·P̃_j. Left: the peers' "
+            "part of ξ renormalised (w_ij = ξ_ij / Σ_{k≠i} ξ_ik); right: ξ itself, diagonal 1 − γ_i"
+        )
+    else:
+        what = (
+            f"{run.strategy}: client i's next prompt is (1 − γ_i)·M_i + γ_i·Σ_j w_ij·M_j. Left: the peer weights "
+            "w_ij; right: the weight of memory j in it, γ_i·w_ij (diagonal 1 − γ_i)"
+        )
+    out.write(
+        f"{what}. Both are averaged over the rounds client i was scored in (w over those in which it had "
+        "peers; a peer absent in a round weighs 0 there). Rows: receivers, columns: sources"
+        + (", grouped by shift domain (client i has domain i mod D of `testbed-domains`)" if shares else "")
+        + ".\n\n"
+    )
+    share = mean_share(shares)
+    if share is not None:
+        out.write(
+            f"Peer weight on same-domain peers, mean over clients: **{_pct(share[0], 1)}%** "
+            f"(equal weights on every other client would give {_pct(share[1], 1)}%).\n\n"
+        )
+    out.write("![peer weights](peers.png)\n\n")
+    return out.getvalue()
+
+
+def _signals_section(run: Run) -> str:
+    signals = fedrapp_signals(run)
+    rows = [[c, s.informative, s.r.format(1, 2), s.mu.format(1, 3), s.gamma.format(1, 3)] for c, s in signals.items()]
+    return (
+        "## FedRAPP's server signals\n\n"
+        "Per client, mean ± std over its scored rounds: reliability r (z-scores of the entropy drop, the "
+        "post-adaptation entropy and the drift), memory rate μ (weight kept on the old memory) and peer share γ; "
+        "an update counts when ‖Δ‖ > 1e-8 (an AdaPrompt buffer that is not full yet does not update).\n\n"
+        + _table(["client", "rounds with an update", "r", "μ", "γ"], rows)
+        + "\n![r, mu, gamma per round](fedrapp.png)\n\n"
+    )
+
+
+def _time_section(w: WallTime) -> str:
+    total = _secs(w.total) + (" (start to the last row written so far)" if w.total_is_partial else "")
+    rows = [
+        ["total", total],
+        ["setup (start to the first round)", _secs(w.setup)],
+        ["rounds", _secs(w.rounds)],
+        ["… server rule (aggregation)", _secs(w.server)],
+        ["… client compute, slowest client of each round summed", _secs(w.client_slowest)],
+        ["client compute, all client rounds summed (client-seconds)", _secs(w.client_sum)],
+        ["rest (results, shutdown)", _secs(w.other)],
+    ]
+    return (
+        "## Wall time\n\n"
+        "Seconds. Clients of a round run in parallel under `flwr run` and one after another in-process, so the "
+        "round's client time lies between the slowest client and the sum; what a round spends beyond its clients "
+        "and the server rule is Flower's messaging and waiting. n/a: this run's files do not record it.\n\n"
+        + _table(["part", "seconds"], rows)
+        + "\n"
+    )
+
+
+def _config_section(run: Run) -> str:
+    out = io.StringIO()
+    out.write("## Config and provenance\n\n")
+    changes = config_changes(run.config)
+    if changes:
+        out.write("Keys that differ from this version's defaults (`fedrapp_app.config.DEFAULTS`):\n\n")
+        out.write(_table(["key", "this run", "default"], [[k, _value(v), _value(d)] for k, v, d in changes]))
+    else:
+        out.write("Every key has its default value.\n")
+    p = run.provenance
+    git = p.get("git") or {}
+    commit = git.get("commit") or "unknown (not a git checkout)"
+    dirty = " (with uncommitted changes)" if git.get("dirty") else ""
+    started = p.get("started")
+    when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(started)) if isinstance(started, int | float) else "?"
+    versions = ", ".join(f"{k} {v}" for k, v in (p.get("versions") or {}).items() if v)
+    out.write(
+        f"\nCommit `{commit}`{dirty}; started {when}; Python {p.get('python', '?')} on {p.get('platform', '?')}.\n\n"
+        f"Versions: {versions or 'unknown'}.\n"
+    )
+    return out.getvalue()
+
+
+# ---------------------------------------------------------------------------------------------- one run
+def _last_write(run: Run) -> float | None:
+    try:
+        return (run.path / ROUNDS_FILE).stat().st_mtime
+    except OSError:
+        return None
+
+
+def write_run_report(run: Run, out: Path, regenerate: str) -> Path:
+    """``report.md`` and the figures of one run into ``out``; returns the page's path."""
+    out.mkdir(parents=True, exist_ok=True)
+    stats = client_stats(run)
+    t = totals(stats, run)
+    curves = round_curves(run)
+    matrix = peer_matrix(run)
+    shares = same_domain_share(matrix, run.domains) if matrix is not None else {}
+    head = figures.headline(run, t.micro, t.macro, t.samples)
+    figures.overview_figure(run, curves, stats, matrix, mean_share(shares), head, out / "overview.png")
+    figures.accuracy_figure(run, curves, head, out / "accuracy.png")
+    figures.status_figure(run, f"{run.name}: row status per client and round", out / "status.png")
+    if matrix is not None:
+        figures.peers_figure(
+            run, matrix, run.strategy in XI_RULES, f"{run.name}: who learns from whom", out / "peers.png"
+        )
+    if run.strategy == "fedrapp":
+        figures.signals_figure(curves, f"{run.name}: FedRAPP's signals per client", out / "fedrapp.png")
+
+    page = io.StringIO()
+    page.write(f"# Run `{run.name}`: {run.title}\n\n")
+    if run.summary is None:
+        page.write(f"> **Incomplete run.** {run.status}. The numbers below cover what was written so far.\n\n")
+    elif not run.complete:
+        page.write(f"> **Incomplete run.** {run.status}. See the samples never scored under Clients.\n\n")
+    page.write(f"Folder: `{run.path}`. Status: {run.status}. Regenerate: `{regenerate}`.\n\n")
+    for note in run.notes:
+        page.write(f"Note: {note}.\n\n")
+    page.write("![the run at a glance](overview.png)\n\n")
+    page.write(_accuracy_section(run, t))
+    page.write(_clients_section(run, stats, shares))
+    if matrix is not None:
+        page.write(_peers_section(run, shares))
+    if run.strategy == "fedrapp":
+        page.write(_signals_section(run))
+    page.write(_time_section(wall_time(run, _last_write(run))))
+    page.write(_config_section(run))
+    path = out / REPORT_FILE
+    write_text_atomic(path, page.getvalue())
+    return path
+
+
+# ---------------------------------------------------------------------------------------------- several
+def default_compare_dir(runs: Sequence[Run]) -> Path:
+    """``<folder of the first run>/compare-<a>-vs-<b>…`` (a hash of the folders when the names are long)."""
+    names = [run.name for run in runs]
+    slug = "-vs-".join(names)
+    if len(slug) > 120:
+        digest = hashlib.sha1("\n".join(str(run.path) for run in runs).encode()).hexdigest()[:8]
+        slug = f"{names[0][:60]}-vs-{len(names) - 1}-runs-{digest}"
+    return runs[0].path.parent / f"compare-{slug}"
+
+
+def _unique_names(runs: Sequence[Run]) -> list[str]:
+    seen: dict[str, int] = {}
+    out = []
+    for run in runs:
+        seen[run.name] = seen.get(run.name, 0) + 1
+        out.append(run.name if seen[run.name] == 1 else f"{run.name}-{seen[run.name]}")
+    return out
+
+
+def _pairing_text(c: Comparison) -> str:
+    if c.differing:
+        keys = ", ".join(
+            f"`{k}` ({' / '.join(repr(run.config.get(k, '(absent)')) for run in c.runs)})" for k in c.differing
+        )
+        return (
+            f"**The configs differ in more than the server rule and its hyperparameters**: {keys}. The clients did "
+            "not necessarily see the same streams with the same local method, so the per-client differences below "
+            "are not paired by strategy alone; read them with that in mind.\n\n"
+        )
+    return (
+        "The configs differ only in the server rule and its own hyperparameters (and output, speed-only or "
+        "irrelevant keys): every client saw the same stream with the same local method in every run, so the "
+        "per-client differences are paired.\n\n"
+    )
+
+
+def write_compare_report(runs: Sequence[Run], out: Path, regenerate: str) -> Path:
+    """A comparison page of several runs (the first is the reference) plus each run's own report."""
+    out.mkdir(parents=True, exist_ok=True)
+    c = compare(runs)
+    curves = [round_curves(run) for run in runs]
+    names = _unique_names(runs)
+    for run, name in zip(runs, names, strict=True):
+        write_run_report(run, out / "runs" / name, f"fedrapp-report {run.path}")
+    ref = runs[0]
+    figures.compare_figure(c, curves, f"{' vs '.join(n for n in names)} (reference: {names[0]})", out / "compare.png")
+
+    page = io.StringIO()
+    page.write(f"# Comparison: {' vs '.join(f'`{n}`' for n in names)}\n\n")
+    page.write(
+        f"Regenerate: `{regenerate}`. Reference: `{names[0]}` ({ref.strategy}); every difference is another run "
+        "minus the reference, in accuracy points.\n\n"
+    )
+    page.write(_pairing_text(c))
+    incomplete = [n for run, n in zip(runs, names, strict=True) if not run.complete]
+    if incomplete:
+        page.write(
+            f"> **Incomplete runs**: {', '.join(f'`{n}`' for n in incomplete)}; their numbers cover what was "
+            "written so far, over fewer samples.\n\n"
+        )
+    page.write("![accuracy per round and per-client differences](compare.png)\n\n")
+    rows = []
+    for k, (run, name, t) in enumerate(zip(runs, names, c.totals, strict=True)):
+        delta = "" if k == 0 else f"{100 * (t.micro - c.totals[0].micro):+.2f}"
+        paired = "" if k == 0 else c.paired(k).format(signed=True)
+        rows.append(
+            [
+                f"[{name}](runs/{name}/{REPORT_FILE})",
+                run.strategy,
+                run.method,
+                "finished" if run.complete else "**incomplete**",
+                _pct(t.micro),
+                _pct(t.macro),
+                _pct(t.micro_received),
+                t.samples,
+                t.rounds,
+                delta,
+                paired,
+            ]
+        )
+    page.write(
+        _table(
+            [
+                "run",
+                "strategy",
+                "method",
+                "state",
+                "online micro (%)",
+                "online macro (%)",
+                "received prompt micro (%)",
+                "samples",
+                "rounds",
+                "Δ micro",
+                "Δ per client, mean ± std",
+            ],
+            rows,
+        )
+    )
+    page.write("\n## Per client\n\nOnline accuracy (%) of each run; Δ: minus the reference (points).\n\n")
+    headers = ["client", "domain", *(f"{n} (%)" for n in names), *(f"Δ {n}" for n in names[1:])]
+    n_clients = c.accuracy.shape[1]
+    domains = max((run.domains for run in runs), key=len)
+    table = []
+    for j in range(n_clients):
+        deltas = [c.delta(k)[j] for k in range(1, len(runs))]
+        table.append(
+            [
+                j,
+                domains[j] if j < len(domains) and domains[j] else "–",
+                *(_pct(c.accuracy[k, j]) for k in range(len(runs))),
+                *("–" if not math.isfinite(d) else f"{100 * d:+.2f}" for d in deltas),
+            ]
+        )
+    page.write(_table(headers, table))
+    unequal = [names[k] for k in range(1, len(runs)) if not c.same_samples(k)]
+    if unequal:
+        page.write(
+            f"\nSome clients scored a different number of samples in {', '.join(f'`{n}`' for n in unequal)} than "
+            "in the reference (failed or missing rounds, an interrupted run): their accuracies are over different "
+            "samples.\n"
+        )
+    for k in range(1, len(runs)):
+        stat = c.paired(k)
+        if stat.n:
+            better = int((c.delta(k) > 0).sum())
+            worse = int((c.delta(k) < 0).sum())
+            page.write(
+                f"\n`{names[k]}` vs `{names[0]}`: {better} clients better, {worse} worse, "
+                f"{stat.n - better - worse} equal; mean Δ {stat.format(signed=True)} points"
+                + (f", 95% t interval {stat.format_ci95()}" if stat.n > 1 else "")
+                + ".\n"
+            )
+    write_text_atomic(out / REPORT_FILE, page.getvalue())
+    return out / REPORT_FILE
+
+
+def write_report(run_dirs: Sequence[Path] | Path | str, out: Path | None = None) -> Path:
+    """Write the report of one run folder, or the comparison of several; return the ``report.md`` path.
+
+    One run: into ``out`` (default ``run_dir/report``). Several: into ``out`` (default
+    :func:`default_compare_dir`), the first run being the reference. ``RunError`` names the first bad file.
+    """
+    dirs = [Path(run_dirs)] if isinstance(run_dirs, str | Path) else [Path(d) for d in run_dirs]
+    if not dirs:
+        raise RunError("no run folder given: pass one or more (output-dir/run-name)")
+    runs = [load_run(d) for d in dirs]
+    if len(runs) == 1:
+        run = runs[0]
+        target = Path(out) if out is not None else run.path / "report"
+        return write_run_report(run, target, f"fedrapp-report {run.path}")
+    target = Path(out) if out is not None else default_compare_dir(runs)
+    regenerate = "fedrapp-report " + " ".join(str(run.path) for run in runs) + f" --out {target.resolve()}"
+    return write_compare_report(runs, target, regenerate)

@@ -1,0 +1,417 @@
+"""The numbers of a run report, as pure functions of the run files (``runs.Run``): no figures, no text.
+
+- per client: online accuracy (each sample counted once, in the round it arrived, after the local step),
+  the received prompt's accuracy on the same samples, samples scored, rounds taken, counts of every row
+  status and of skipped (undecodable) samples;
+- the peer-weight matrix averaged over rounds (who learns from whom) and its same-domain share;
+- FedRAPP's r, mu, gamma per client; the run's wall time split; the config keys that differ from the defaults;
+- for several runs, the keys their configs differ in and the per-client paired differences.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from fedrapp_app.bench.personalization import uniform_share
+from fedrapp_app.bench.rows import curves_from_rounds
+from fedrapp_app.bench.schema import RUNNER_KEYS, SPEED_KEYS, irrelevant_keys
+from fedrapp_app.bench.stats import Stat, mean_std
+from fedrapp_app.config import DEFAULTS, RULE_KEYS
+from fedrapp_app.report.runs import STATUSES, Run
+
+#: Rules whose rows carry a FedAMP-style mixing matrix ξ (peer_weights = its off-diagonal renormalised,
+#: gamma = 1 − ξ_ii; see fedrapp_app.aggregation.common.split_mixing).
+XI_RULES = ("fedamp", "fedamp-cos", "fedavg")
+
+
+def _ratio(numerator: float, denominator: float) -> float:
+    return numerator / denominator if denominator else float("nan")
+
+
+# --------------------------------------------------------------------------------------------- accuracy
+@dataclass(frozen=True)
+class ClientStats:
+    """What happened to one client over a run."""
+
+    client: int
+    domain: str | None
+    samples: int
+    correct: int
+    correct_before: int
+    statuses: dict[str, int]  # row status -> rows (every status of STATUSES present, 0 when never seen)
+    skipped_samples: int  # undecodable samples dropped from its batches (row field ``skipped``)
+
+    @property
+    def accuracy(self) -> float:
+        """Online accuracy over its scored samples (NaN when none)."""
+        return _ratio(self.correct, self.samples)
+
+    @property
+    def accuracy_received(self) -> float:
+        """Accuracy of the prompts it received, before adapting, on the same samples."""
+        return _ratio(self.correct_before, self.samples)
+
+    @property
+    def rounds_scored(self) -> int:
+        return self.statuses.get("ok", 0)
+
+
+def skipped_samples(row: Mapping[str, Any]) -> int:
+    """Undecodable samples dropped from a row's batch (a row field, or one of its client metrics)."""
+    value = row.get("skipped", (row.get("client_metrics") or {}).get("skipped", 0))
+    return int(value or 0)
+
+
+def statuses_of(run: Run) -> list[str]:
+    """The statuses shown as columns: the known ones, then any other status found in the rows."""
+    return [*STATUSES, *sorted({str(r["status"]) for r in run.rows} - set(STATUSES))]
+
+
+def client_stats(run: Run) -> list[ClientStats]:
+    """One entry per client id 0..N−1 (N = ``num-clients``), also for clients that never scored."""
+    columns = statuses_of(run)
+    counts = {c: Counter() for c in range(run.num_clients)}
+    totals = {c: [0, 0, 0, 0] for c in range(run.num_clients)}  # samples, correct, correct_before, skipped
+    for row in run.rows:
+        c = int(row["client"])
+        counts[c][str(row["status"])] += 1
+        totals[c][3] += skipped_samples(row)
+        if row["status"] == "ok":
+            totals[c][0] += row["num_examples"]
+            totals[c][1] += row["correct"]
+            totals[c][2] += row["correct_before"]
+    return [
+        ClientStats(
+            client=c,
+            domain=run.domains[c] if c < len(run.domains) else None,
+            samples=totals[c][0],
+            correct=totals[c][1],
+            correct_before=totals[c][2],
+            statuses={s: counts[c][s] for s in columns},
+            skipped_samples=totals[c][3],
+        )
+        for c in range(run.num_clients)
+    ]
+
+
+@dataclass(frozen=True)
+class Totals:
+    """Run-level accuracy from the rows: micro over samples, macro over clients that scored a sample."""
+
+    micro: float
+    macro: float
+    micro_received: float
+    macro_received: float
+    samples: int
+    rounds: int  # last round with a row
+    clients_scored: int
+
+
+def totals(stats: Sequence[ClientStats], run: Run) -> Totals:
+    """Totals over ``client_stats(run)``."""
+    scored = [s for s in stats if s.samples]
+    samples = sum(s.samples for s in stats)
+    return Totals(
+        micro=_ratio(sum(s.correct for s in stats), samples),
+        macro=float(np.mean([s.accuracy for s in scored])) if scored else float("nan"),
+        micro_received=_ratio(sum(s.correct_before for s in stats), samples),
+        macro_received=float(np.mean([s.accuracy_received for s in scored])) if scored else float("nan"),
+        samples=samples,
+        rounds=max(int(r["round"]) for r in run.rows),
+        clients_scored=len(scored),
+    )
+
+
+def summary_mismatches(run: Run, t: Totals) -> list[str]:
+    """Where ``summary.json`` disagrees with the numbers recomputed from the rows (empty when it agrees)."""
+    if run.summary is None:
+        return []
+    checks = (
+        ("micro_accuracy", t.micro),
+        ("macro_accuracy", t.macro),
+        ("micro_accuracy_received_prompt", t.micro_received),
+        ("samples", t.samples),
+    )
+    out = []
+    for key, mine in checks:
+        theirs = run.summary.get(key)
+        same = isinstance(theirs, int | float) and math.isclose(float(theirs), float(mine), rel_tol=1e-9, abs_tol=1e-12)
+        if isinstance(theirs, int | float) and not same:
+            out.append(f"{key}: summary.json {theirs}, rounds.jsonl {mine}")
+    return out
+
+
+def round_curves(run: Run) -> dict[str, Any]:
+    """Per-round totals and per-client traces of the scored rows (``fedrapp_app.bench.rows.curves_from_rounds``)."""
+    return curves_from_rounds(run.rows, run.domains)
+
+
+def cumulative_accuracy(curves: Mapping[str, Any]) -> tuple[np.ndarray, np.ndarray]:
+    """Online accuracy over every sample scored up to each round: (rounds [T], accuracy [T])."""
+    r = curves["rounds"]
+    n = np.cumsum(np.asarray(r["n"], dtype=float))
+    return np.asarray(r["round"], dtype=int), np.cumsum(np.asarray(r["correct"], dtype=float)) / np.maximum(n, 1)
+
+
+def events(run: Run) -> list[dict[str, Any]]:
+    """Rows that are neither scored nor a normal end of stream (failed, rejected, missing, skipped, unknown)."""
+    return [r for r in run.rows if r["status"] not in ("ok", "exhausted")]
+
+
+# --------------------------------------------------------------------------------------------- peers
+def domain_order(domains: Sequence[str | None]) -> list[int]:
+    """Client ids grouped by shift domain (domains in the order they were configured), ids in order within."""
+    rank = {d: k for k, d in enumerate(dict.fromkeys(domains))}
+    return sorted(range(len(domains)), key=lambda c: (rank[domains[c]], c))
+
+
+@dataclass(frozen=True)
+class PeerMatrix:
+    """Who learns from whom, averaged over rounds (client ids index rows and columns).
+
+    Attributes
+    ----------
+    weights : float64 [N, N]
+        ``weights[i, j]``: mean over the rounds in which client i had peers of w_ij, the weight of peer j in
+        the peer part of i's next prompt (a peer absent in a round counts 0 there); rows sum to 1, or 0 for
+        a client that never had peers.
+    mixing : float64 [N, N]
+        ``mixing[i, j]``: mean over i's scored rounds of the weight of j in i's next prompt, γ_i·w_ij for
+        j ≠ i and 1 − γ_i on the diagonal (FedAMP's ξ; for FedRAPP the weight of memory j); rows sum to 1.
+    rounds_with_peers, rounds_scored : int [N]
+    """
+
+    weights: np.ndarray
+    mixing: np.ndarray
+    rounds_with_peers: np.ndarray
+    rounds_scored: np.ndarray
+
+
+def peer_matrix(run: Run) -> PeerMatrix | None:
+    """The averaged peer weights of a run; None when no row records a peer (none-fed, global rules)."""
+    n = run.num_clients
+    weights, mixing = np.zeros((n, n)), np.zeros((n, n))
+    with_peers, scored = np.zeros(n, dtype=int), np.zeros(n, dtype=int)
+    for row in run.rows:
+        if row["status"] != "ok" or "peer_weights" not in row:
+            continue
+        i = int(row["client"])
+        w = np.zeros(n)
+        for j, value in (row["peer_weights"] or {}).items():
+            w[int(j)] = float(value)
+        gamma = float(row.get("gamma") or 0.0)
+        scored[i] += 1
+        mixing[i] += gamma * w
+        mixing[i, i] += 1.0 - gamma
+        if w.sum() > 0:
+            with_peers[i] += 1
+            weights[i] += w
+    if not with_peers.any():
+        return None
+    return PeerMatrix(
+        weights=weights / np.maximum(with_peers, 1)[:, None],
+        mixing=mixing / np.maximum(scored, 1)[:, None],
+        rounds_with_peers=with_peers,
+        rounds_scored=scored,
+    )
+
+
+def same_domain_share(matrix: PeerMatrix, domains: Sequence[str | None]) -> dict[int, tuple[float, float]]:
+    """Per client with peers and a domain: (share of its mean peer weight on same-domain clients, the share
+    equal weights on every other client would give). Empty without domains."""
+    if any(d is None for d in domains):
+        return {}
+    by_client = dict(enumerate(domains))
+    out = {}
+    for i, d in by_client.items():
+        if matrix.rounds_with_peers[i] == 0:
+            continue
+        share = float(sum(matrix.weights[i, j] for j, dj in by_client.items() if dj == d and j != i))
+        reference = uniform_share(by_client, i)
+        out[i] = (share, float("nan") if reference is None else reference)
+    return out
+
+
+def mean_share(shares: Mapping[int, tuple[float, float]]) -> tuple[float, float] | None:
+    """Mean over clients of :func:`same_domain_share`'s (share, equal-weights share); None without clients."""
+    if not shares:
+        return None
+    mine = [s for s, _ in shares.values()]
+    uniform = [u for _, u in shares.values() if math.isfinite(u)]
+    return float(np.mean(mine)), float(np.mean(uniform)) if uniform else float("nan")
+
+
+@dataclass(frozen=True)
+class Signals:
+    """FedRAPP's per-round server signals of one client: mean ± std over its scored rounds."""
+
+    r: Stat
+    mu: Stat
+    gamma: Stat
+    informative: int  # rounds in which its update counted (‖Δ‖ > 1e-8)
+
+
+def fedrapp_signals(run: Run) -> dict[int, Signals]:
+    """r, mu, gamma per client (clients without a scored row are left out)."""
+    rows: dict[int, list[dict[str, Any]]] = {}
+    for row in run.rows:
+        if row["status"] == "ok" and "r" in row:
+            rows.setdefault(int(row["client"]), []).append(row)
+    return {
+        c: Signals(
+            r=mean_std(x.get("r") for x in rs),
+            mu=mean_std(x.get("mu") for x in rs),
+            gamma=mean_std(x.get("gamma") for x in rs),
+            informative=sum(bool(x.get("informative")) for x in rs),
+        )
+        for c, rs in sorted(rows.items())
+    }
+
+
+# --------------------------------------------------------------------------------------------- time
+@dataclass(frozen=True)
+class WallTime:
+    """The run's wall time split (seconds; None where the run files do not say)."""
+
+    total: float | None  # summary ``seconds`` (start to summary); for an unfinished run, start to last row
+    total_is_partial: bool
+    setup: float | None  # start to the first round (summary ``setup_seconds``)
+    rounds: float | None  # Σ round_seconds
+    server: float | None  # Σ aggregate_seconds (the server rule)
+    client_sum: float | None  # Σ t-total over all client rounds (client-seconds)
+    client_slowest: float | None  # Σ over rounds of the slowest client's t-total (the floor in parallel)
+
+    @property
+    def other(self) -> float | None:
+        """Total minus setup and rounds (results, shutdown); None when a part is unknown."""
+        if self.total is None or self.setup is None or self.rounds is None or self.total_is_partial:
+            return None
+        return self.total - self.setup - self.rounds
+
+
+def _per_round_sum(rows: Sequence[Mapping[str, Any]], key: str) -> float | None:
+    """Σ over rounds of a per-round value repeated on each row of the round (None if no row has it)."""
+    per_round: dict[int, float] = {}
+    for row in rows:
+        value = row.get(key)
+        if isinstance(value, int | float) and not isinstance(value, bool):
+            per_round[int(row["round"])] = max(per_round.get(int(row["round"]), 0.0), float(value))
+    return sum(per_round.values()) if per_round else None
+
+
+def wall_time(run: Run, last_write: float | None = None) -> WallTime:
+    """Split of the wall time; ``last_write``: epoch seconds of the last row (for an unfinished run)."""
+    summary = run.summary or {}
+    total, partial = summary.get("seconds"), False
+    started = run.provenance.get("started")
+    if total is None and last_write is not None and isinstance(started, int | float):
+        total, partial = max(0.0, last_write - float(started)), True
+    client: dict[int, list[float]] = {}
+    for row in run.rows:
+        t = (row.get("client_metrics") or {}).get("t-total")
+        if isinstance(t, int | float):
+            client.setdefault(int(row["round"]), []).append(float(t))
+    setup = summary.get("setup_seconds")
+    return WallTime(
+        total=None if total is None else float(total),
+        total_is_partial=partial,
+        setup=None if setup is None else float(setup),
+        rounds=_per_round_sum(run.rows, "round_seconds"),
+        server=_per_round_sum(run.rows, "aggregate_seconds"),
+        client_sum=sum(sum(v) for v in client.values()) if client else None,
+        client_slowest=sum(max(v) for v in client.values()) if client else None,
+    )
+
+
+# --------------------------------------------------------------------------------------------- configs
+def _same_value(a: Any, b: Any) -> bool:
+    """Equal as config values: 0 and 0.0 are, True and 1 are not."""
+    return a == b and isinstance(a, bool) == isinstance(b, bool)
+
+
+def config_changes(config: Mapping[str, Any]) -> list[tuple[str, Any, Any]]:
+    """(key, value, default) for every key that differs from ``DEFAULTS``; default is None for a key this
+    version does not know, value is None for a key of this version the run's config lacks (an older run)."""
+    out = []
+    for key in [*DEFAULTS, *sorted(set(config) - set(DEFAULTS))]:
+        if key not in config:
+            out.append((key, None, DEFAULTS[key]))
+        elif key not in DEFAULTS or not _same_value(config[key], DEFAULTS[key]):
+            out.append((key, config[key], DEFAULTS.get(key)))
+    return out
+
+
+def differing_keys(runs: Sequence[Run]) -> list[str]:
+    """Config keys the runs differ in beyond their server rule and its own hyperparameters (sorted).
+
+    Output folder, run name, resume and speed-only keys are left out, and so are keys that cannot matter
+    to any of the runs (another local method's hyperparameters, say). Empty: the runs saw the same streams
+    with the same local method, so their per-client results pair up.
+    """
+    allowed = {"strategy", *RUNNER_KEYS, *SPEED_KEYS}
+    for run in runs:
+        allowed |= set(RULE_KEYS.get(run.strategy, {}))
+    irrelevant = set.intersection(*(irrelevant_keys(run.strategy, run.method) for run in runs))
+    keys = set().union(*(run.config for run in runs)) - allowed - irrelevant
+    missing = object()
+    return sorted(k for k in keys if len({repr(run.config.get(k, DEFAULTS.get(k, missing))) for run in runs}) > 1)
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """Several runs side by side; the first is the reference of every difference.
+
+    Attributes
+    ----------
+    accuracy : float [R, N]  online accuracy of client j in run k (NaN where it scored nothing)
+    received : float [R, N]  the received prompt's accuracy on the same samples
+    samples : int [R, N]
+    """
+
+    runs: list[Run]
+    totals: list[Totals]
+    accuracy: np.ndarray
+    received: np.ndarray
+    samples: np.ndarray
+    differing: list[str]
+
+    def delta(self, k: int) -> np.ndarray:
+        """Per-client online accuracy of run k minus the reference's [N] (NaN where either scored nothing)."""
+        return self.accuracy[k] - self.accuracy[0]
+
+    def paired(self, k: int) -> Stat:
+        """Mean ± std over clients of :meth:`delta` (paired by client)."""
+        return mean_std(self.delta(k).tolist())
+
+    def same_samples(self, k: int) -> bool:
+        """Every client scored as many samples in run k as in the reference."""
+        return bool(np.array_equal(self.samples[k], self.samples[0]))
+
+
+def compare(runs: Sequence[Run]) -> Comparison:
+    """Per-client accuracy of every run over the union of their clients."""
+    n = max(run.num_clients for run in runs)
+    stats = [client_stats(run) for run in runs]
+    acc, received = np.full((len(runs), n), np.nan), np.full((len(runs), n), np.nan)
+    samples = np.zeros((len(runs), n), dtype=int)
+    for k, per_client in enumerate(stats):
+        for s in per_client:
+            acc[k, s.client], received[k, s.client], samples[k, s.client] = (
+                s.accuracy,
+                s.accuracy_received,
+                s.samples,
+            )
+    return Comparison(
+        runs=list(runs),
+        totals=[totals(s, run) for s, run in zip(stats, runs, strict=True)],
+        accuracy=acc,
+        received=received,
+        samples=samples,
+        differing=differing_keys(runs),
+    )

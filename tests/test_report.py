@@ -1,0 +1,229 @@
+"""The run report (``fedrapp-report``): built from short in-process runs of four server rules, one with a client
+that fails in one round, and a copy of it cut short as an interrupted run; every number is recomputed here from
+``rounds.jsonl`` on its own."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from fedrapp_app.client import app as client_app
+from fedrapp_app.report import load_run, write_report
+from fedrapp_app.report.tables import client_stats, compare, peer_matrix, same_domain_share, totals
+from fedrapp_app.testbed import world
+from fedrapp_app.testbed.tiny import make_tiny_clip
+
+from federation import read_rows, run_federation, small_run
+
+MAX_FIGURE_BYTES = 300 * 1024
+FAILING = (1, 2)  # (client, round) whose ClientApp raises
+DOMAINS = "gaussian_noise:1,blur:2"  # clients 0, 2 in one domain, 1, 3 in the other
+
+
+def failing_app(client: int, round_number: int):
+    """The real ClientApp, except that ``client`` raises when it trains in ``round_number``."""
+
+    def app(message, context):
+        if (
+            message.metadata.message_type == "train"
+            and int(context.node_config["partition-id"]) == client
+            and message.metadata.group_id == str(round_number)
+        ):
+            raise RuntimeError("injected failure for the report test")
+        return client_app(message, context)
+
+    return app
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """Run folders: fedrapp (client 1 fails in round 2), fedavg, fedamp, none-fed, and 'interrupted' (the
+    fedrapp run without summary.json, its rows cut after round 2 and a half-written last line)."""
+    model = make_tiny_clip(tmp_path_factory.mktemp("tiny_testbed"), world.CLASSNAMES)
+    out = tmp_path_factory.mktemp("runs")
+    base = small_run(model, out, **{"num-clients": 4, "testbed-domains": DOMAINS})
+    folders = {}
+    for strategy in ("fedrapp", "fedavg", "fedamp", "none-fed"):
+        app = failing_app(*FAILING) if strategy == "fedrapp" else client_app
+        summary, _, _ = run_federation({**base, "strategy": strategy, "run-name": strategy}, app=app)
+        folders[strategy] = Path(summary["run_dir"])
+    cut = out / "interrupted"
+    shutil.copytree(folders["fedrapp"], cut)
+    (cut / "summary.json").unlink()
+    lines = (cut / "rounds.jsonl").read_text().splitlines()
+    kept = [line for line in lines if json.loads(line)["round"] <= 2]
+    (cut / "rounds.jsonl").write_text("\n".join(kept) + "\n" + lines[len(kept)][:40])
+    folders["interrupted"] = cut
+    return folders
+
+
+@pytest.fixture(scope="module")
+def reports(runs: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    out = tmp_path_factory.mktemp("reports")
+    return {name: write_report([folder], out / name) for name, folder in runs.items()}
+
+
+def _per_client(rows):
+    """client -> [samples, correct, correct_before] over scored rows, recomputed independently."""
+    out = {}
+    for r in rows:
+        if r["status"] == "ok":
+            n = out.setdefault(r["client"], [0, 0, 0])
+            n[0] += r["num_examples"]
+            n[1] += r["correct"]
+            n[2] += r["correct_before"]
+    return out
+
+
+# ------------------------------------------------------------------------------------------------ files
+def test_every_run_gets_every_file_and_small_figures(reports):
+    for name, page in reports.items():
+        files = {p.name for p in page.parent.iterdir()}
+        expected = {"report.md", "overview.png", "accuracy.png", "status.png"}
+        expected |= {"peers.png"} if name != "none-fed" else set()
+        expected |= {"fedrapp.png"} if name in ("fedrapp", "interrupted") else set()
+        assert files == expected, name
+        for figure in page.parent.glob("*.png"):
+            size = figure.stat().st_size
+            assert 0 < size <= MAX_FIGURE_BYTES, f"{figure}: {size} bytes"
+            assert figure.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_default_output_is_the_run_folder_report(runs, tmp_path):
+    folder = tmp_path / "run"
+    shutil.copytree(runs["fedavg"], folder)
+    assert write_report([folder]) == folder / "report" / "report.md"
+
+
+# ---------------------------------------------------------------------------------------------- numbers
+@pytest.mark.parametrize("name", ["fedrapp", "fedavg", "interrupted"])
+def test_client_numbers_equal_those_recomputed_from_the_rows(runs, reports, name):
+    run = load_run(runs[name])
+    rows = read_rows(runs[name]) if name != "interrupted" else run.rows
+    mine = _per_client(rows)
+    stats = client_stats(run)
+    assert [s.client for s in stats] == [0, 1, 2, 3]
+    for s in stats:
+        samples, correct, before = mine.get(s.client, [0, 0, 0])
+        assert (s.samples, s.correct, s.correct_before) == (samples, correct, before)
+        seen = Counter(r["status"] for r in rows if r["client"] == s.client)
+        assert {k: v for k, v in s.statuses.items() if v} == dict(seen)
+        assert s.rounds_scored == sum(r["client"] == s.client and r["status"] == "ok" for r in rows)
+    t = totals(stats, run)
+    total = sum(v[0] for v in mine.values())
+    assert t.samples == total and t.micro == sum(v[1] for v in mine.values()) / total
+    assert t.macro == pytest.approx(np.mean([v[1] / v[0] for v in mine.values()]), abs=1e-15)
+    page = reports[name].read_text()
+    assert f"| online accuracy (%) | **{100 * t.micro:.2f}** | {100 * t.macro:.2f} |" in page
+    for s in stats:
+        numbers = f"{100 * s.accuracy:.2f} | {100 * s.accuracy_received:.2f} | {s.samples}"
+        assert f"| {s.client} | {s.domain} | {numbers} |" in page
+    if run.summary is not None:  # the report agrees with what the server wrote
+        assert t.micro == pytest.approx(run.summary["micro_accuracy"], abs=1e-15)
+        for c, acc in run.summary["per_client_accuracy"].items():
+            assert stats[int(c)].accuracy == pytest.approx(acc, abs=1e-15)
+        assert "disagrees" not in page
+
+
+def test_the_failed_client_is_counted_and_its_reason_listed(runs, reports):
+    client, round_number = FAILING
+    stats = client_stats(load_run(runs["fedrapp"]))
+    assert stats[client].statuses["failed"] == 1
+    assert all(s.statuses["failed"] == 0 for s in stats if s.client != client)
+    page = reports["fedrapp"].read_text()
+    assert f"- round {round_number}, client {client}: failed (" in page
+    assert "injected failure for the report test" in page
+
+
+def test_the_peer_matrix_is_the_mean_of_the_rows_peer_weights(runs):
+    run = load_run(runs["fedrapp"])
+    assert run.domains == ["gaussian_noise:1", "blur:2", "gaussian_noise:1", "blur:2"]
+    matrix = peer_matrix(run)
+    for i in range(4):
+        rounds = [r["peer_weights"] for r in read_rows(runs["fedrapp"]) if r["client"] == i and r.get("peer_weights")]
+        expected = [sum(w.get(str(j), 0.0) for w in rounds) / len(rounds) for j in range(4)]
+        np.testing.assert_allclose(matrix.weights[i], expected, rtol=1e-12)
+        assert matrix.weights[i].sum() == pytest.approx(1.0)
+        assert matrix.weights[i, i] == 0.0
+    np.testing.assert_allclose(matrix.mixing.sum(axis=1), 1.0)
+    shares = same_domain_share(matrix, run.domains)
+    for i, (share, uniform) in shares.items():
+        assert share == pytest.approx(matrix.weights[i, (i + 2) % 4])  # its one same-domain peer
+        assert uniform == pytest.approx(1 / 3)
+
+
+def test_fedamp_mixing_is_its_xi(runs):
+    """FedAMP's ξ_ii = 1 − γ_i is at least its minimum self weight (0.1) in every round, so in the mean too."""
+    run = load_run(runs["fedamp"])
+    matrix = peer_matrix(run)
+    np.testing.assert_allclose(matrix.mixing.sum(axis=1), 1.0)
+    assert (np.diag(matrix.mixing) >= 0.1 - 1e-9).all() and (np.diag(matrix.mixing) < 1).all()
+    first = next(r for r in run.rows if r["round"] == 1 and r["client"] == 0)
+    assert sum(first["peer_weights"].values()) == pytest.approx(1.0)
+
+
+def test_none_fed_has_no_peer_section(runs, reports):
+    assert peer_matrix(load_run(runs["none-fed"])) is None
+    assert "Who learns from whom" not in reports["none-fed"].read_text()
+
+
+def test_an_interrupted_run_is_reported_as_far_as_it_got(runs, reports):
+    run = load_run(runs["interrupted"])
+    assert not run.complete and max(r["round"] for r in run.rows) == 2
+    page = reports["interrupted"].read_text()
+    assert "**Incomplete run.**" in page and "no summary.json" in page
+    assert "was cut off mid-write and is left out" in page
+    assert "start to the last row written so far" in page
+
+
+def test_fedrapp_signals_and_wall_time_are_reported(runs, reports):
+    page = reports["fedrapp"].read_text()
+    assert "## FedRAPP's server signals" in page
+    rows = read_rows(runs["fedrapp"])
+    round_seconds = {r["round"]: r["round_seconds"] for r in rows}
+    assert f"| rounds | {sum(round_seconds.values()):.1f} |" in page
+    client = sum(r["client_metrics"]["t-total"] for r in rows if r["status"] == "ok")
+    assert f"| client compute, all client rounds summed (client-seconds) | {client:.1f} |" in page
+
+
+# ------------------------------------------------------------------------------------------- comparison
+def test_two_runs_side_by_side(runs):
+    page = write_report([runs["fedrapp"], runs["fedavg"]])
+    assert page == runs["fedrapp"].parent / "compare-fedrapp-vs-fedavg" / "report.md"
+    text = page.read_text()
+    assert "per-client differences are paired" in text
+    assert (page.parent / "runs" / "fedavg" / "report.md").is_file()
+    size = (page.parent / "compare.png").stat().st_size
+    assert 0 < size <= MAX_FIGURE_BYTES
+    a, b = (_per_client(read_rows(runs[n])) for n in ("fedrapp", "fedavg"))
+    for c in range(4):
+        delta = 100 * (b[c][1] / b[c][0] - a[c][1] / a[c][0])
+        assert f"| {c} | " in text and f" {delta:+.2f} |" in text
+    assert all(a[c][0] == b[c][0] for c in range(4)) and "different number of samples" not in text
+
+
+def test_runs_that_differ_beyond_the_strategy_are_flagged(runs, tmp_path):
+    other = tmp_path / "seed1"  # the interrupted fedrapp run, as if it had another seed
+    shutil.copytree(runs["interrupted"], other)
+    stored = json.loads((other / "config.json").read_text())
+    stored["config"].update({"seed": 1, "tpt-lr": 0.1})  # tpt-lr cannot matter to adaprompt runs
+    (other / "config.json").write_text(json.dumps(stored))
+    comparison = compare([load_run(runs["fedavg"]), load_run(runs["fedamp"]), load_run(other)])
+    assert comparison.differing == ["seed"]
+    text = write_report([runs["fedavg"], other], tmp_path / "cmp").read_text()
+    assert "differ in more than the server rule" in text and "`seed` (0 / 1)" in text
+    assert "**Incomplete runs**: `seed1`" in text and "different number of samples" in text
+
+
+def test_a_rule_hyperparameter_is_not_a_difference(runs, tmp_path):
+    other = tmp_path / "tau"
+    shutil.copytree(runs["fedrapp"], other)
+    stored = json.loads((other / "config.json").read_text())
+    stored["config"]["tau"] = 0.5
+    (other / "config.json").write_text(json.dumps(stored))
+    assert compare([load_run(runs["fedavg"]), load_run(other)]).differing == []

@@ -1,0 +1,149 @@
+"""``fedrapp-report`` on hand-written run folders: bad input gives one clear line and exit status 2, odd but
+valid runs (unknown statuses, skipped samples, a real dataset without shift domains, wall-time fields) render."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from fedrapp_app.config import DEFAULTS
+from fedrapp_app.report import RunError, load_run, main, write_report
+from fedrapp_app.report.tables import config_changes, wall_time
+
+
+def _row(round_number: int, client: int, status: str = "ok", **extra) -> dict:
+    row = {"round": round_number, "client": client, "node": 1000 + client, "status": status}
+    if status == "ok":
+        row.update(num_examples=8, correct=4, correct_before=3, acc=0.5, acc_before=0.375, h_pre=1.0, h_post=0.9)
+    return {**row, **extra}
+
+
+def make_run(folder: Path, rows: list, config: dict | None = None, summary: dict | None = None) -> Path:
+    """A run folder written by hand: config.json, rounds.jsonl (dicts, or raw lines as str), summary.json."""
+    folder.mkdir(parents=True)
+    full = {**DEFAULTS, "num-clients": 2, "strategy": "none-fed", **(config or {})}
+    (folder / "config.json").write_text(json.dumps({"config": full, "started": 1000.0, "git": {"commit": "abc"}}))
+    lines = [r if isinstance(r, str) else json.dumps(r) for r in rows]
+    (folder / "rounds.jsonl").write_text("".join(line + "\n" for line in lines))
+    if summary is not None:
+        (folder / "summary.json").write_text(json.dumps(summary))
+    return folder
+
+
+def _fails(argv: list[str], capsys) -> str:
+    assert main(argv) == 2
+    captured = capsys.readouterr()
+    assert "Traceback" not in captured.err and captured.out == ""
+    assert captured.err.startswith("fedrapp-report: error: ") and captured.err.count("\n") == 1
+    return captured.err
+
+
+def test_a_folder_that_is_not_a_run(tmp_path, capsys):
+    err = _fails([str(tmp_path)], capsys)
+    assert f"{tmp_path} is not a run folder: it has no rounds.jsonl" in err
+
+
+def test_the_output_dir_instead_of_a_run_names_the_runs_inside(tmp_path, capsys):
+    make_run(tmp_path / "run-a", [_row(1, 0)])
+    err = _fails([str(tmp_path)], capsys)
+    assert "it holds run folders (run-a): pass one or more of them" in err
+
+
+def test_a_missing_folder(tmp_path, capsys):
+    assert "no such folder" in _fails([str(tmp_path / "nope")], capsys)
+
+
+def test_an_empty_rounds_file(tmp_path, capsys):
+    run = make_run(tmp_path / "r", [])
+    err = _fails([str(run)], capsys)
+    assert f"{run / 'rounds.jsonl'}: no rows" in err
+
+
+@pytest.mark.parametrize("with_summary", [True, False])
+def test_a_bad_json_line_names_file_and_line(tmp_path, capsys, with_summary):
+    run = make_run(tmp_path / "r", [_row(1, 0), "{not json", _row(1, 1)], summary={} if with_summary else None)
+    err = _fails([str(run)], capsys)
+    assert f"{run / 'rounds.jsonl'}:2: not a JSON row" in err
+
+
+@pytest.mark.parametrize(
+    ("row", "complaint"),
+    [
+        ({"round": 1, "status": "ok"}, "the row has no 'client'"),
+        ({**_row(1, 0), "num_examples": "8"}, "'num_examples' must be int, got '8'"),
+        ({**_row(1, 0), "correct": 9}, "0 <= correct, correct_before <= num_examples"),
+        ([1, 2], "a row must be a JSON object, found list"),
+        ({**_row(1, 0), "peer_weights": {"1": "x"}}, "'peer_weights' must map peer ids to finite numbers"),
+    ],
+)
+def test_a_malformed_row_names_file_line_and_key(tmp_path, capsys, row, complaint):
+    run = make_run(tmp_path / "r", [_row(1, 1), json.dumps(row)])
+    err = _fails([str(run)], capsys)
+    assert f"{run / 'rounds.jsonl'}:2: " in err and complaint in err
+
+
+def test_a_bad_config_file(tmp_path, capsys):
+    run = make_run(tmp_path / "r", [_row(1, 0)])
+    (run / "config.json").write_text('{"config": {')
+    assert f"{run / 'config.json'}:1: not valid JSON" in _fails([str(run)], capsys)
+
+
+def test_the_command_line_exits_2_without_a_traceback(tmp_path):
+    result = subprocess.run(
+        [sys.executable, "-m", "fedrapp_app.report", str(tmp_path)], capture_output=True, text=True, timeout=120
+    )
+    assert result.returncode == 2 and "Traceback" not in result.stderr and "is not a run folder" in result.stderr
+
+
+def test_help_says_where_reports_go(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--help"])
+    assert exit_info.value.code == 0
+    text = " ".join(capsys.readouterr().out.split())
+    assert "RUN_DIR/report" in text and "compare-<name1>-vs-<name2>" in text
+
+
+def test_an_odd_but_valid_run_renders(tmp_path):
+    """Unknown status, skipped samples, a never-scored client, a dataset without domains, wall-time fields."""
+    timing = {"round_seconds": 2.0, "aggregate_seconds": 0.25}
+    rows = [
+        _row(1, 0, skipped=2, client_metrics={"t-total": 1.5}, **timing),
+        _row(1, 1, "skipped", reason="no decodable sample", skipped=8, **timing),
+        _row(1, 2, "teleported", reason="a status of a newer version", **timing),
+        _row(2, 0, client_metrics={"t-total": 0.5}, round_seconds=1.0, aggregate_seconds=0.5),
+    ]
+    summary = {"seconds": 10.0, "setup_seconds": 4.0, "status": "finished", "complete": False,
+               "unscored": {"2": {"samples": 8, "reasons": ["never scored"]}}}  # fmt: skip
+    run_dir = make_run(tmp_path / "r", rows, {"num-clients": 3, "dataset": "dtd", "data-dir": "/x"}, summary)
+    run = load_run(run_dir)
+    assert run.domains == [None, None, None] and not run.complete
+    w = wall_time(run)
+    assert (w.total, w.setup, w.rounds, w.server, w.client_sum, w.client_slowest) == (10, 4, 3, 0.75, 2, 2)
+    assert w.other == 3
+    page = write_report([run_dir]).read_text()
+    assert "| teleported |" in page and "- round 1, client 2: teleported (a status of a newer version)" in page
+    assert "- client 2: 8 samples; never scored" in page
+    assert "| skipped | teleported | skipped samples |" in page
+    assert "| 0 | – | 50.00 | 37.50 | 16 | 2 | 2 | 0 | 0 | 0 | 0 | 0 | 0 | 2 |" in page
+    assert "| 1 | – | – | – | 0 | 0 | 0 | 0 | 0 | 0 | 0 | 1 | 0 | 8 |" in page
+    assert "| rest (results, shutdown) | 3.0 |" in page
+    assert "incomplete: not every sample was scored" in page
+
+
+def test_config_changes_against_the_defaults():
+    config = {**DEFAULTS, "seed": 3, "tau": 0.2, "fraction": 1, "csc": 1, "old-key": "x"}
+    del config["mu0"]
+    changes = {k: (v, d) for k, v, d in config_changes(config)}
+    assert changes == {"seed": (3, 0), "csc": (1, False), "old-key": ("x", None), "mu0": (None, 0.5)}
+
+
+def test_write_report_names_the_first_bad_folder(tmp_path):
+    good = make_run(tmp_path / "good", [_row(1, 0)])
+    (tmp_path / "bad").mkdir()
+    with pytest.raises(RunError, match="bad is not a run folder"):
+        write_report([good, tmp_path / "bad"])
+    assert not (tmp_path / "compare-good-vs-bad").exists()  # nothing is written before every folder reads
