@@ -9,7 +9,8 @@ one-glance overview and the detailed figures share their drawing. Clients are co
 - ``accuracy_figure``: online and received-prompt accuracy per round, overall and per client;
 - ``status_figure``: each client's row status per round;
 - ``peers_figure``: the peer weights w_ij and the mixing weights (ξ) averaged over rounds, by domain;
-- ``compare_figure``: several runs' accuracy per round overlaid, and the per-client difference.
+- ``compare_figure``: several runs' accuracy per round overlaid, the running gap to the first run and the
+  per-client difference.
 
 - ``signals_figure``: FedRAPP's r, μ, γ and same-domain share per client per round (the benchmark's
   ``fedrapp_figure``).
@@ -53,6 +54,8 @@ STATUS_COLORS = {
     "skipped": "#9467bd",
 }
 _NOT_SAMPLED = "#ffffff"
+#: Font sizes (points), chosen so that the overview stays legible scaled to a README's width (~900 px).
+TINY, SMALL, LABEL, TITLE, HEADLINE = 7.0, 7.5, 8.5, 9.5, 10.5
 
 
 def client_colors(domains: Sequence[str | None]) -> list[str]:
@@ -82,8 +85,8 @@ def _legend(ax: Any, counts: bool = True) -> None:
     handles, labels = ax.get_legend_handles_labels()
     if counts:
         handles += [Patch(color="grey", alpha=0.3)]
-        labels += ["clients scored (bars)"]
-    ax.legend(handles, labels, fontsize=7, loc="upper center", ncol=2)
+        labels += ["clients scored"]
+    ax.legend(handles, labels, fontsize=SMALL, loc="upper center", ncol=2)
 
 
 def _round_axis(ax: Any) -> None:
@@ -108,18 +111,18 @@ def draw_accuracy(
         ax.plot(block["round"], 100 * np.asarray(block[key]), color=colors[int(client)], linewidth=0.7, alpha=0.55)
     numerator = "correct" if key == "acc" else "correct_before"
     rounds, acc = round_curve([curves], numerator)
-    label = "all clients, online" if key == "acc" else "all clients, received prompt"
+    label = "online, all clients" if key == "acc" else "received prompt, all clients"
     ax.plot(rounds, 100 * acc, color="black", linewidth=2.0, label=label)
     if with_received and key == "acc":
         _, before = round_curve([curves], "correct_before")
-        label = "all clients, received prompt"
+        label = "received prompt, all"
         ax.plot(rounds, 100 * before, color="black", linestyle="--", linewidth=1.3, label=label)
     if key == "acc":
         t, cumulative = cumulative_accuracy(curves)
-        ax.plot(t, 100 * cumulative, color="#8c564b", linestyle=":", linewidth=1.6, label="online so far (cumulative)")
+        ax.plot(t, 100 * cumulative, color="#8c564b", linestyle=":", linewidth=1.6, label="online so far")
     ax.set_ylim(-2, 122)  # room above 100% for the legend
     ax.set_yticks(range(0, 101, 20))
-    ax.set_ylabel("top-1 accuracy of the round's batches (%)", fontsize=8)
+    ax.set_ylabel("top-1 accuracy of the round's batches (%)", fontsize=LABEL)
     _round_axis(ax)
     if with_counts and curves["rounds"]["round"]:
         twin = ax.twinx()
@@ -147,12 +150,12 @@ def draw_clients(ax: Any, stats: Sequence[ClientStats], domains: Sequence[str | 
             trouble["no samples"] = 1
         if trouble:
             text = "\n".join(f"{n} {s}" if s != "no samples" else s for s, n in trouble.items())
-            ax.annotate(text, (k, min(acc[k], 88) + 2), ha="center", va="bottom", fontsize=6.5, color="#d62728")
-    ax.set_xticks(x, [str(c) for c in order], fontsize=8)
+            ax.annotate(text, (k, min(acc[k], 88) + 2), ha="center", va="bottom", fontsize=TINY, color="#d62728")
+    ax.set_xticks(x, [str(c) for c in order], fontsize=LABEL)
     ax.set_xlabel("client" + (" (grouped by shift domain)" if None not in domains else ""))
     ax.set_ylim(0, 115)  # room above 100% for the domain legend
     ax.set_yticks(range(0, 101, 20))
-    ax.set_ylabel("online accuracy (%)", fontsize=8)
+    ax.set_ylabel("online accuracy (%)", fontsize=LABEL)
     ax.grid(axis="y", alpha=0.3)
 
 
@@ -165,10 +168,10 @@ def draw_matrix(ax: Any, values: np.ndarray, domains: Sequence[str | None], titl
         shown = np.where(np.eye(len(order), dtype=bool), np.nan, shown)
     image = ax.imshow(shown, cmap="Blues", vmin=0, vmax=max(1.0, float(np.nanmax(shown))), interpolation="nearest")
     labels = [client_label(c, domains) for c in order]
-    ax.set_xticks(range(len(order)), [str(c) for c in order], fontsize=7)
-    ax.set_yticks(range(len(order)), labels, fontsize=7)
-    ax.set_xlabel("peer j (source)", fontsize=8)
-    ax.set_ylabel("client i (receiver)", fontsize=8)
+    ax.set_xticks(range(len(order)), [str(c) for c in order], fontsize=SMALL)
+    ax.set_yticks(range(len(order)), labels, fontsize=SMALL)
+    ax.set_xlabel("peer j (source)", fontsize=LABEL)
+    ax.set_ylabel("client i (receiver)", fontsize=LABEL)
     if None not in domains:
         grouped = [domains[c] for c in order]
         for k in range(1, len(grouped)):
@@ -181,8 +184,8 @@ def draw_matrix(ax: Any, values: np.ndarray, domains: Sequence[str | None], titl
             for j in range(len(order)):
                 if np.isfinite(shown[i, j]):
                     color = "white" if shown[i, j] > 0.6 * top else "black"
-                    ax.text(j, i, f"{shown[i, j]:.0f}", ha="center", va="center", fontsize=6.5, color=color)
-    ax.set_title(title, fontsize=9)
+                    ax.text(j, i, f"{shown[i, j]:.0f}", ha="center", va="center", fontsize=TINY, color=color)
+    ax.set_title(title, fontsize=TITLE)
     return image
 
 
@@ -205,20 +208,20 @@ def draw_status(ax: Any, run: Run) -> None:
         interpolation="nearest",
         extent=(0.5, last + 0.5, len(order) - 0.5, -0.5),
     )
-    ax.set_yticks(range(len(order)), [client_label(c, run.domains) for c in order], fontsize=7)
+    ax.set_yticks(range(len(order)), [client_label(c, run.domains) for c in order], fontsize=SMALL)
     ax.set_xlabel("round")
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     seen = sorted({int(v) for v in grid.flat if v}, key=int)
     handles = [Patch(color=palette[v], label=statuses[v - 1]) for v in seen]
     handles.append(Patch(facecolor=_NOT_SAMPLED, edgecolor="grey", label="not sampled"))
-    ax.legend(handles=handles, fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
+    ax.legend(handles=handles, fontsize=SMALL, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
 
 
 def headline(run: Run, micro: float, macro: float, samples: int) -> str:
-    state = "" if run.complete else "  [INCOMPLETE]"
+    state = "  [INCOMPLETE]" if not run.complete else ""
     return (
-        f"{run.name}: {run.title}. Online accuracy {100 * micro:.2f}% micro / {100 * macro:.2f}% macro, "
-        f"{samples} samples{state}"
+        f"{run.name}{state}\n{run.title}: online accuracy {100 * micro:.2f}% micro / {100 * macro:.2f}% macro "
+        f"over {samples} samples"
     )
 
 
@@ -240,23 +243,23 @@ def overview_figure(
     """The run at a glance: accuracy per round, per client, and who learns from whom (or statuses).
 
     ``share``: mean same-domain peer share and its equal-weights reference, printed under the matrix."""
-    fig, axes = plt.subplots(1, 3, figsize=(14, 4.3), gridspec_kw={"width_ratios": [1.35, 1.0, 1.0]})
+    fig, axes = plt.subplots(1, 3, figsize=(12, 4.3), gridspec_kw={"width_ratios": [1.3, 1.0, 1.0]})
     draw_accuracy(axes[0], curves, run.domains)
-    axes[0].set_title("accuracy per round (thin: each client, online)", fontsize=9)
+    axes[0].set_title("accuracy per round (thin: each client, online)", fontsize=TITLE)
     _legend(axes[0])
     draw_clients(axes[1], stats, run.domains)
-    axes[1].set_title("online accuracy per client (tick: received prompt)", fontsize=9)
-    _domain_legend(axes[1], run.domains, fontsize=7, loc="upper right", ncol=2)
+    axes[1].set_title("online accuracy per client (tick: received prompt)", fontsize=TITLE)
+    _domain_legend(axes[1], run.domains, fontsize=SMALL, loc="upper right", ncol=2)
     if matrix is not None:
-        heading = "who learns from whom: peer weight w_ij (%)"
+        heading = "who learns from whom: w_ij (%)"
         if share is not None:
-            heading += f"\nsame-domain share {100 * share[0]:.0f}% (equal weights: {100 * share[1]:.0f}%)"
+            heading += f"\non own domain {100 * share[0]:.0f}% (equal weights {100 * share[1]:.0f}%)"
         draw_matrix(axes[2], matrix.weights, run.domains, heading)
     else:
         draw_status(axes[2], run)
-        axes[2].set_title(f"row status per round ({run.strategy}: no peer weights)", fontsize=9)
-    fig.suptitle(title, fontsize=10)
-    fig.tight_layout(rect=(0, 0, 1, 0.94))
+        axes[2].set_title(f"row status per round ({run.strategy}: no peer weights)", fontsize=TITLE)
+    fig.suptitle(title, fontsize=HEADLINE)
+    fig.tight_layout(rect=(0, 0, 1, 0.92))
     return _save(fig, path)
 
 
@@ -265,12 +268,12 @@ def accuracy_figure(run: Run, curves: Mapping[str, Any], title: str, path: Path)
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.2), sharey=True)
     draw_accuracy(axes[0], curves, run.domains, "acc", with_received=False)
     draw_accuracy(axes[1], curves, run.domains, "acc_before", with_counts=True)
-    axes[0].set_title("online accuracy (after local adaptation)", fontsize=9)
-    axes[1].set_title("received prompt, before adaptation", fontsize=9)
+    axes[0].set_title("online accuracy (after local adaptation)", fontsize=TITLE)
+    axes[1].set_title("received prompt, before adaptation", fontsize=TITLE)
     _legend(axes[0])
-    _domain_legend(axes[1], run.domains, fontsize=7, loc="upper center", ncol=4)
-    fig.suptitle(title + "  (grey bars: clients scored in the round)", fontsize=9)
-    fig.tight_layout(rect=(0, 0, 1, 0.94))
+    _domain_legend(axes[1], run.domains, fontsize=SMALL, loc="upper center", ncol=4)
+    fig.suptitle(title, fontsize=TITLE)
+    fig.tight_layout(rect=(0, 0, 1, 0.92))
     return _save(fig, path)
 
 
@@ -278,7 +281,7 @@ def status_figure(run: Run, title: str, path: Path) -> Path:
     """What happened to each client in each round."""
     fig, ax = plt.subplots(figsize=(9, 1.4 + 0.28 * run.num_clients))
     draw_status(ax, run)
-    ax.set_title(title, fontsize=9)
+    ax.set_title(title, fontsize=TITLE)
     fig.tight_layout()
     return _save(fig, path)
 
@@ -291,42 +294,50 @@ def peers_figure(run: Run, matrix: PeerMatrix, xi_rule: bool, title: str, path: 
     right = "ξ_ij (%): weight of upload j in i's next prompt" if xi_rule else "weight of memory j in P̂_i (%)"
     image = draw_matrix(axes[1], matrix.mixing, run.domains, right + "\n(diagonal: 1 − γ_i)", diagonal=True)
     fig.colorbar(image, ax=axes[1], fraction=0.046, pad=0.04)
-    fig.suptitle(title, fontsize=9)
+    fig.suptitle(title, fontsize=TITLE)
     fig.tight_layout(rect=(0, 0, 1, 0.93))
     return _save(fig, path)
 
 
-def compare_figure(comparison: Comparison, curves: Sequence[Mapping[str, Any]], title: str, path: Path) -> Path:
-    """Left, middle: every run's online and received-prompt accuracy per round (pooled over clients);
-    right: per-client online accuracy of each run minus the first's (points)."""
+def compare_figure(
+    comparison: Comparison, curves: Sequence[Mapping[str, Any]], domains: Sequence[str | None], title: str, path: Path
+) -> Path:
+    """Top: every run's online and received-prompt accuracy per round (pooled over clients). Bottom left: each
+    run's online accuracy so far minus the first run's, per round (the running gap that ends at the micro
+    difference); bottom right: per-client online accuracy minus the first run's (points)."""
     runs = comparison.runs
-    fig, axes = plt.subplots(1, 3, figsize=(14, 4.2), gridspec_kw={"width_ratios": [1.1, 1.1, 1.0]})
+    fig, axes = plt.subplots(2, 2, figsize=(12, 7.2))
     for k, (run, c) in enumerate(zip(runs, curves, strict=True)):
         label = f"{run.name} ({run.strategy})" + ("" if run.complete else " [incomplete]")
-        for ax, numerator in zip(axes[:2], ("correct", "correct_before"), strict=True):
+        for ax, numerator in zip(axes[0], ("correct", "correct_before"), strict=True):
             rounds, acc = round_curve([c], numerator)
-            ax.plot(rounds, 100 * acc, color=f"C{k % 10}", linewidth=1.6, label=label)
-    axes[0].set_title("online accuracy per round (all clients)", fontsize=9)
-    axes[1].set_title("received prompt, before adaptation", fontsize=9)
-    for ax in axes[:2]:
+            ax.plot(rounds, 100 * acc, color=f"C{k % 10}", linewidth=1.6, label=label, marker=".", markersize=4)
+    reference = dict(zip(*cumulative_accuracy(curves[0]), strict=True))
+    for k in range(1, len(runs)):
+        t, acc = cumulative_accuracy(curves[k])
+        gap = [(int(r), 100 * (a - reference[int(r)])) for r, a in zip(t, acc, strict=True) if int(r) in reference]
+        axes[1, 0].plot([r for r, _ in gap], [g for _, g in gap], color=f"C{k % 10}", linewidth=1.6, marker=".")
+    axes[0, 0].set_title("online accuracy per round (all clients)", fontsize=TITLE)
+    axes[0, 1].set_title("received prompt, before adaptation", fontsize=TITLE)
+    axes[1, 0].set_title(f"online accuracy so far, minus {runs[0].name}'s (points)", fontsize=TITLE)
+    for ax in (*axes[0], axes[1, 0]):
         _round_axis(ax)
-        ax.set_ylim(-2, 102)
-    axes[0].set_ylabel("top-1 accuracy of the round's batches (%)", fontsize=8)
-    axes[0].legend(fontsize=7, loc="lower left")
+    axes[0, 0].set_ylabel("top-1 accuracy of the round's batches (%)", fontsize=LABEL)
+    axes[0, 0].legend(fontsize=SMALL, loc="best")
     n = comparison.accuracy.shape[1]
     width = 0.8 / max(1, len(runs) - 1)
     for k in range(1, len(runs)):
         delta = 100 * comparison.delta(k)
         offset = (k - 1 - (len(runs) - 2) / 2) * width
-        axes[2].bar(np.arange(n) + offset, np.nan_to_num(delta), width=width, color=f"C{k % 10}", label=runs[k].name)
-    axes[2].axhline(0, color="black", linewidth=0.8)
-    axes[2].set_xticks(range(n), [str(c) for c in range(n)], fontsize=8)
-    axes[2].set_xlabel("client")
-    axes[2].set_ylabel(f"online accuracy minus {runs[0].name}'s (points)", fontsize=8)
-    axes[2].set_title(f"per-client difference to {runs[0].strategy} (paired)", fontsize=9)
-    axes[2].grid(axis="y", alpha=0.3)
-    fig.suptitle(title, fontsize=10)
-    fig.tight_layout(rect=(0, 0, 1, 0.94))
+        axes[1, 1].bar(np.arange(n) + offset, np.nan_to_num(delta), width=width, color=f"C{k % 10}")
+    for ax in axes[1]:
+        ax.axhline(0, color="black", linewidth=0.8)
+    axes[1, 1].set_xticks(range(n), [client_label(c, domains).replace(" ", "\n") for c in range(n)], fontsize=SMALL)
+    axes[1, 1].set_xlabel("client")
+    axes[1, 1].set_title(f"per-client online accuracy minus {runs[0].name}'s (points, paired)", fontsize=TITLE)
+    axes[1, 1].grid(axis="y", alpha=0.3)
+    fig.suptitle(title, fontsize=HEADLINE)
+    fig.tight_layout(rect=(0, 0, 1, 0.95))
     return _save(fig, path)
 
 

@@ -343,7 +343,9 @@ def write_compare_report(runs: Sequence[Run], out: Path, regenerate: str) -> Pat
     for run, name in zip(runs, names, strict=True):
         write_run_report(run, out / "runs" / name, f"fedrapp-report {run.path}")
     ref = runs[0]
-    figures.compare_figure(c, curves, f"{' vs '.join(n for n in names)} (reference: {names[0]})", out / "compare.png")
+    domains = max((run.domains for run in runs), key=len)
+    heading = f"{' vs '.join(names)} (reference: {names[0]})"
+    figures.compare_figure(c, curves, domains, heading, out / "compare.png")
 
     page = io.StringIO()
     page.write(f"# Comparison: {' vs '.join(f'`{n}`' for n in names)}\n\n")
@@ -352,12 +354,9 @@ def write_compare_report(runs: Sequence[Run], out: Path, regenerate: str) -> Pat
         "minus the reference, in accuracy points.\n\n"
     )
     page.write(_pairing_text(c))
-    incomplete = [n for run, n in zip(runs, names, strict=True) if not run.complete]
+    incomplete = [f"`{n}` ({run.status})" for run, n in zip(runs, names, strict=True) if not run.complete]
     if incomplete:
-        page.write(
-            f"> **Incomplete runs**: {', '.join(f'`{n}`' for n in incomplete)}; their numbers cover what was "
-            "written so far, over fewer samples.\n\n"
-        )
+        page.write(f"> **Incomplete runs**: {'; '.join(incomplete)}.\n\n")
     page.write("![accuracy per round and per-client differences](compare.png)\n\n")
     rows = []
     for k, (run, name, t) in enumerate(zip(runs, names, c.totals, strict=True)):
@@ -399,7 +398,6 @@ def write_compare_report(runs: Sequence[Run], out: Path, regenerate: str) -> Pat
     page.write("\n## Per client\n\nOnline accuracy (%) of each run; Δ: minus the reference (points).\n\n")
     headers = ["client", "domain", *(f"{n} (%)" for n in names), *(f"Δ {n}" for n in names[1:])]
     n_clients = c.accuracy.shape[1]
-    domains = max((run.domains for run in runs), key=len)
     table = []
     for j in range(n_clients):
         deltas = [c.delta(k)[j] for k in range(1, len(runs))]
