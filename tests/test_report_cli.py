@@ -8,6 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from fedrapp_app.config import DEFAULTS
@@ -147,3 +148,22 @@ def test_write_report_names_the_first_bad_folder(tmp_path):
     with pytest.raises(RunError, match="bad is not a run folder"):
         write_report([good, tmp_path / "bad"])
     assert not (tmp_path / "compare-good-vs-bad").exists()  # nothing is written before every folder reads
+
+
+def test_many_clients_keep_the_figures_small(tmp_path):
+    """60 clients over 30 rounds: one tick label per domain, no per-client legend, every figure under 300 KB."""
+    rng = np.random.default_rng(0)
+    rows = []
+    for t in range(1, 31):
+        for c in range(60):
+            weights = rng.random(60)
+            weights[c] = 0.0
+            weights /= weights.sum()
+            peers = {str(j): float(w) for j, w in enumerate(weights) if w > 0}
+            rows.append(_row(t, c, r=float(rng.normal()), mu=0.5, gamma=0.3, peer_weights=peers))
+    run_dir = make_run(tmp_path / "big", rows, {"num-clients": 60, "strategy": "fedrapp"}, {"seconds": 60.0})
+    page = write_report([run_dir])
+    figures = sorted(page.parent.glob("*.png"))
+    assert {f.name for f in figures} == {"overview.png", "accuracy.png", "status.png", "peers.png", "fedrapp.png"}
+    for figure in figures:
+        assert figure.stat().st_size <= 300 * 1024, figure

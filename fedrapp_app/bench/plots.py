@@ -142,12 +142,13 @@ def fedrapp_figure(
     share_ax.set_ylim(-0.05, 1.05)
     uniform = _uniform_share(list(domain_of.values())) if known else None
     if uniform is not None:
-        share_ax.axhline(uniform, color="grey", linestyle="--", linewidth=1, label="uniform weights")
-        share_ax.legend(fontsize=7, loc="best")
+        line = share_ax.axhline(uniform, color="grey", linestyle="--", linewidth=1, label="uniform weights")
+        share_ax.legend(**({} if len(clients) <= 16 else {"handles": [line]}), fontsize=7, loc="best")
     for ax in axes[1]:
         ax.set_xlabel("round")
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-    axes.flat[0].legend(fontsize=7, ncol=2, loc="best")
+    if len(clients) <= 16:  # beyond, a legend would cover the panel; the colours still tell the domains
+        axes.flat[0].legend(fontsize=7, ncol=2, loc="best")
     fig.suptitle(title, fontsize=10)
     fig.tight_layout()
     if save is None:

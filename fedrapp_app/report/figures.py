@@ -54,6 +54,8 @@ STATUS_COLORS = {
     "skipped": "#9467bd",
 }
 _NOT_SAMPLED = "#ffffff"
+#: Up to this many clients every client gets its own tick label (beyond, one label per domain or a few ids).
+LABELLED_CLIENTS = 16
 #: Font sizes (points), chosen so that the overview stays legible scaled to a README's width (~900 px).
 TINY, SMALL, LABEL, TITLE, HEADLINE = 7.0, 7.5, 8.5, 9.5, 10.5
 
@@ -87,6 +89,25 @@ def _legend(ax: Any, counts: bool = True) -> None:
         handles += [Patch(color="grey", alpha=0.3)]
         labels += ["clients scored"]
     ax.legend(handles, labels, fontsize=SMALL, loc="upper center", ncol=2)
+
+
+def client_ticks(ax: Any, axis: str, order: Sequence[int], domains: Sequence[str | None], long: bool) -> None:
+    """Tick labels for clients placed at 0..len(order)−1 along ``axis`` ("x" or "y"): each client's id (with its
+    domain when ``long``) for a few clients; for many, one label per domain group at its centre, or a few ids."""
+    set_ticks = ax.set_xticks if axis == "x" else ax.set_yticks
+    if len(order) <= LABELLED_CLIENTS:
+        labels = [client_label(c, domains) if long else str(c) for c in order]
+        set_ticks(range(len(order)), labels, fontsize=SMALL)
+    elif None not in domains:
+        groups: dict[str, list[int]] = {}
+        for k, c in enumerate(order):
+            groups.setdefault(str(domains[c]), []).append(k)
+        set_ticks([float(np.mean(ks)) for ks in groups.values()], list(groups), fontsize=SMALL)
+        if axis == "x":
+            ax.tick_params(axis="x", labelrotation=20)
+    else:
+        positions = np.linspace(0, len(order) - 1, 6).round().astype(int)
+        set_ticks(positions, [str(order[k]) for k in positions], fontsize=SMALL)
 
 
 def _round_axis(ax: Any) -> None:
@@ -148,10 +169,14 @@ def draw_clients(ax: Any, stats: Sequence[ClientStats], domains: Sequence[str | 
         trouble = {s: n for s, n in stats[c].statuses.items() if n and s not in ("ok", "exhausted")}
         if not stats[c].samples:
             trouble["no samples"] = 1
-        if trouble:
+        if not trouble:
+            continue
+        if len(order) <= LABELLED_CLIENTS:
             text = "\n".join(f"{n} {s}" if s != "no samples" else s for s, n in trouble.items())
             ax.annotate(text, (k, min(acc[k], 88) + 2), ha="center", va="bottom", fontsize=TINY, color="#d62728")
-    ax.set_xticks(x, [str(c) for c in order], fontsize=LABEL)
+        else:  # too many clients for words: a red mark above the bar (the table has the counts)
+            ax.plot(k, min(acc[k], 95) + 3, marker="v", markersize=3, color="#d62728")
+    client_ticks(ax, "x", order, domains, long=False)
     ax.set_xlabel("client" + (" (grouped by shift domain)" if None not in domains else ""))
     ax.set_ylim(0, 115)  # room above 100% for the domain legend
     ax.set_yticks(range(0, 101, 20))
@@ -167,9 +192,8 @@ def draw_matrix(ax: Any, values: np.ndarray, domains: Sequence[str | None], titl
     if not diagonal:
         shown = np.where(np.eye(len(order), dtype=bool), np.nan, shown)
     image = ax.imshow(shown, cmap="Blues", vmin=0, vmax=max(1.0, float(np.nanmax(shown))), interpolation="nearest")
-    labels = [client_label(c, domains) for c in order]
-    ax.set_xticks(range(len(order)), [str(c) for c in order], fontsize=SMALL)
-    ax.set_yticks(range(len(order)), labels, fontsize=SMALL)
+    client_ticks(ax, "x", order, domains, long=False)
+    client_ticks(ax, "y", order, domains, long=True)
     ax.set_xlabel("peer j (source)", fontsize=LABEL)
     ax.set_ylabel("client i (receiver)", fontsize=LABEL)
     if None not in domains:
@@ -208,7 +232,7 @@ def draw_status(ax: Any, run: Run) -> None:
         interpolation="nearest",
         extent=(0.5, last + 0.5, len(order) - 0.5, -0.5),
     )
-    ax.set_yticks(range(len(order)), [client_label(c, run.domains) for c in order], fontsize=SMALL)
+    client_ticks(ax, "y", order, run.domains, long=True)
     ax.set_xlabel("round")
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     seen = sorted({int(v) for v in grid.flat if v}, key=int)
@@ -279,7 +303,7 @@ def accuracy_figure(run: Run, curves: Mapping[str, Any], title: str, path: Path)
 
 def status_figure(run: Run, title: str, path: Path) -> Path:
     """What happened to each client in each round."""
-    fig, ax = plt.subplots(figsize=(9, 1.4 + 0.28 * run.num_clients))
+    fig, ax = plt.subplots(figsize=(9, 1.4 + 0.28 * min(run.num_clients, 24)))
     draw_status(ax, run)
     ax.set_title(title, fontsize=TITLE)
     fig.tight_layout()
@@ -288,7 +312,7 @@ def status_figure(run: Run, title: str, path: Path) -> Path:
 
 def peers_figure(run: Run, matrix: PeerMatrix, xi_rule: bool, title: str, path: Path) -> Path:
     """Left: peer weights w_ij (rows sum to 100%); right: the weight of j in i's next prompt (ξ_ij)."""
-    size = 3.2 + 0.32 * run.num_clients
+    size = 3.2 + 0.32 * min(run.num_clients, LABELLED_CLIENTS)
     fig, axes = plt.subplots(1, 2, figsize=(2 * size + 1.2, size))
     draw_matrix(axes[0], matrix.weights, run.domains, "peer weight w_ij (%): share of peer j in i's peer part")
     right = "ξ_ij (%): weight of upload j in i's next prompt" if xi_rule else "weight of memory j in P̂_i (%)"
