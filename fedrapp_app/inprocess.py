@@ -10,7 +10,6 @@ make nodes unreachable.
 from __future__ import annotations
 
 import copy
-import traceback
 import uuid
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -78,7 +77,8 @@ class InProcessGrid(Grid):
             try:
                 reply = self.client_app(message, trial)
             except Exception as err:  # noqa: BLE001 - a ClientApp failure is data for the server
-                reason = f"{type(err).__name__}: {err}\n{traceback.format_exc(limit=3)}"
+                # The reason as a SuperNode's flwr-clientapp writes it (run_clientapp.py).
+                reason = str(type(err)) + ":<'" + str(err) + "'>"
                 reply = Message(Error(code=CLIENT_APP_EXCEPTION, reason=reason), reply_to=message)
             else:
                 context.state = trial.state

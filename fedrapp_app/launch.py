@@ -1,18 +1,23 @@
-"""``fedrapp-sim``: run the app with ``flwr run`` in Flower's simulation engine, safely, in one command.
+"""fedrapp-sim: run the app with flwr run in Flower's simulation engine, safely, in one command.
 
-Plain ``flwr run . --stream`` works too (see the README), but Flower's defaults get in the way of a
-one-command experiment: the auto-started SuperLink installs the app's dependencies with ``uv`` for every
+Plain `flwr run . --stream` works too (see the README), but Flower's defaults get in the way of a
+one-command experiment: the auto-started SuperLink installs the app's dependencies with uv for every
 run (which would download a CUDA torch), keeps running afterwards, runs apps in its own working
-directory (where another app's ``client_app.py`` can shadow ours), and ``flwr run`` exits 0 when the run
+directory (where another app's client_app.py can shadow ours), and flwr run exits 0 when the run
 failed. This launcher:
 
-1. validates the run config (the app's defaults + your ``-c`` overrides) before anything starts;
-2. contains Flower's files (``FLWR_HOME``, ``RAY_TMPDIR``, ``UV_CACHE_DIR``), turns off telemetry, the update
-   check and runtime dependency installation;
+1. validates the run config (the app's defaults + your -c overrides) and checks the model, the data and
+   the run folder, before anything starts (seconds, one message);
+2. contains Flower's files (FLWR_HOME, RAY_TMPDIR, UV_CACHE_DIR), turns off telemetry, the update check and
+   runtime dependency installation;
 3. starts its own simulation SuperLink on a free port, from a neutral directory;
-4. runs ``flwr run <app> <connection> --stream`` with ``num-supernodes = num-clients``;
-5. reads the run's final status from the SuperLink, prints the summary, and exits non-zero on failure;
-6. stops the SuperLink (and its simulation processes) by PID, whatever happened.
+4. runs flwr run <app> <connection> --stream with one SuperNode per client;
+5. reads the run's final status and summary, prints them, and exits non-zero when the run failed or left
+   samples unscored;
+6. stops every process the run started (the SuperLink, the simulation, Ray) when the run ends, fails, or on
+   Ctrl-C / SIGTERM, and then prints the command that resumes the run.
+
+Exit status: 0 done, 1 the run failed or is incomplete, 2 bad config or input, 130 interrupted.
 """
 
 from __future__ import annotations
@@ -21,6 +26,9 @@ import argparse
 import contextlib
 import json
 import os
+import re
+import shlex
+import shutil
 import signal
 import socket
 import subprocess
@@ -29,13 +37,28 @@ import tempfile
 import time
 import tomllib
 import urllib.request
+import uuid
 from pathlib import Path
+from typing import Any
 
-from fedrapp_app.config import ConfigError, RunConfig
+from fedrapp_app.config import KEY_BY_NAME, ConfigError, RunConfig, override_hint
+from fedrapp_app.errors import strip_ansi
+from fedrapp_app.processes import LAUNCH_ID_ENV, stop_marked
+from fedrapp_app.runlock import LAUNCHER_PID_ENV, RunFolderBusy, check_free
 
 CONNECTION = "fedrapp-sim"
 #: SuperNodes of the default experiment when num-clients = 0 (one client per SuperNode).
 DEFAULT_SUPERNODES = 8
+#: Lines of Flower's output that do not apply to a fedrapp-sim run (it sets the federation size itself).
+_NOISE = (
+    re.compile(r"default simulated SuperNodes changed from"),
+    re.compile(r"To change federation size, use the following command"),
+    re.compile(r"flwr federation simulation-config"),
+)
+
+
+class Interrupted(Exception):
+    """SIGINT or SIGTERM reached the launcher."""
 
 
 def free_port() -> int:
@@ -44,10 +67,41 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def app_overrides(app_dir: Path, overrides: list[str]) -> dict:
-    """The app's ``[tool.flwr.app.config]`` defaults merged with ``-c`` overrides (file or ``k=v`` strings)."""
-    from flwr.common.config import parse_config_args
+_PAIR = re.compile(r"""\s*([^\s=]+)=("[^"]*"|'[^']*'|[^\s'"]+)\s*""")
 
+
+def parse_pairs(text: str) -> dict[str, Any]:
+    """``k=v k2=v2`` as flwr's ``-c`` reads it (TOML values), but a bare word for a string key is taken as that
+    string (``strategy=fedavg`` means ``strategy='fedavg'``); anything else unreadable is a ``ConfigError``."""
+    values: dict[str, Any] = {}
+    position = 0
+    while position < len(text.rstrip()):
+        found = _PAIR.match(text, position)
+        if found is None:
+            rest = text[position:].split()[0]
+            raise ConfigError(
+                f'cannot read -c "{text}": {rest!r} is not key=value (e.g. -c "seed=1 strategy=\'fedavg\'")'
+            )
+        key, raw = found.groups()
+        position = found.end()
+        try:
+            values[key] = tomllib.loads(f"v = {raw}")["v"]
+        except tomllib.TOMLDecodeError:
+            spec = KEY_BY_NAME.get(key)
+            if spec is None or not isinstance(spec.default, str):
+                raise ConfigError(
+                    f'cannot read -c "{text}": {raw!r} is not a value for {key!r} (numbers, true/false, or a '
+                    f"quoted string: {override_hint(key) if spec else repr(key)})"
+                ) from None
+            values[key] = raw
+    return values
+
+
+def app_overrides(app_dir: Path, overrides: list[str]) -> dict:
+    """The app's ``[tool.flwr.app.config]`` defaults merged with ``-c`` overrides (file or ``k=v`` strings).
+
+    A key of an override file that the app does not know is refused here, naming the file.
+    """
     project = tomllib.loads((app_dir / "pyproject.toml").read_text())
     values = dict(project["tool"]["flwr"]["app"]["config"])
     for override in overrides:
@@ -55,9 +109,27 @@ def app_overrides(app_dir: Path, overrides: list[str]) -> dict:
             path = Path(override).expanduser()
             if not path.is_absolute():
                 path = Path.cwd() / path
-            values.update(parse_config_args([str(path)]))
+            try:
+                loaded = tomllib.loads(path.read_text())
+            except (OSError, tomllib.TOMLDecodeError) as err:
+                raise ConfigError(f"cannot read the override file {path}: {err}") from err
+            unknown = sorted(set(loaded) - set(KEY_BY_NAME))
+            if unknown:
+                import difflib
+
+                hints = [
+                    f"{k!r}"
+                    + (
+                        f" (did you mean {close[0]!r}?)"
+                        if (close := difflib.get_close_matches(k, KEY_BY_NAME, 1))
+                        else ""
+                    )
+                    for k in unknown
+                ]
+                raise ConfigError(f"{path}: unknown key(s) {', '.join(hints)}; see the README's configuration table")
+            values.update(loaded)
         else:
-            values.update(parse_config_args([override]))
+            values.update(parse_pairs(override))
     return values
 
 
@@ -115,7 +187,7 @@ def wait_healthy(port: int, process: subprocess.Popen, timeout: float = 60.0) ->
 
 
 def stop_process_group(process: subprocess.Popen) -> None:
-    """Stop the SuperLink's whole process group (the ServerApp, the simulation, Ray) by its PID."""
+    """Stop a process started with ``start_new_session=True`` and its process group, by its PID."""
     if process.poll() is None:
         try:
             os.killpg(process.pid, signal.SIGTERM)
@@ -140,15 +212,53 @@ def run_status(env: dict[str, str], cwd: Path, connection: str = CONNECTION) -> 
     return runs[-1]
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="fedrapp-sim", description=__doc__.split("\n\n")[0])
+def _stream(process: subprocess.Popen, colour: bool) -> None:
+    """Copy the run's output to ours, line by line, without Flower's notes that do not apply here."""
+    assert process.stdout is not None
+    skip_next = False
+    for line in process.stdout:
+        if skip_next or any(p.search(line) for p in _NOISE):
+            skip_next = "following command" in line  # the hint's second line is the command itself
+            continue
+        sys.stdout.write(line if colour else strip_ansi(line))
+        sys.stdout.flush()
+
+
+def resume_command(args: argparse.Namespace, run_dir: Path) -> str:
+    """The command that continues the run in ``run_dir``: the same overrides plus resume, name and folder."""
+    parts = ["fedrapp-sim", shlex.quote(args.app)]
+    for override in args.run_config:
+        parts += ["-c", shlex.quote(override)]
+    if args.supernodes:
+        parts += ["--supernodes", str(args.supernodes)]
+    extra = f"resume=true run-name={toml_value(run_dir.name)} output-dir={toml_value(str(run_dir.parent))}"
+    return " ".join([*parts, "-c", shlex.quote(extra)])
+
+
+def _on_signal(signum: int, _frame: Any) -> None:
+    raise Interrupted(signal.Signals(signum).name)
+
+
+def _parser() -> argparse.ArgumentParser:
+    doc = __doc__ or ""
+    parser = argparse.ArgumentParser(
+        prog="fedrapp-sim",
+        description=doc.split("\n\n")[0],
+        epilog=doc.split("\n\n")[-1],
+    )
     parser.add_argument("app", nargs="?", default=".", help="the app folder (holding pyproject.toml)")
     parser.add_argument(
         "-c",
         "--run-config",
         action="append",
         default=[],
-        help="override: 'k=v k2=v2' or a .toml file (repeatable), as for flwr run",
+        help="override: 'k=v k2=v2' or a .toml file (repeatable; later wins), as for flwr run",
+    )
+    parser.add_argument(
+        "--supernodes",
+        type=int,
+        default=0,
+        help=f"simulated SuperNodes, one client each (default: num-clients, or {DEFAULT_SUPERNODES} when it is 0)",
     )
     parser.add_argument("--cpus-per-client", type=int, default=1, help="CPU cores per simulated client")
     parser.add_argument(
@@ -158,98 +268,206 @@ def main(argv: list[str] | None = None) -> int:
         help="GPU share per simulated client, e.g. 0.25 puts four clients on one GPU",
     )
     parser.add_argument("--flwr-home", default=None, help="Flower's home (default: <app>/.flwr-home)")
-    args = parser.parse_args(argv)
+    return parser
 
+
+def prepare(args: argparse.Namespace, app_dir: Path) -> tuple[dict, RunConfig, Path]:
+    """Validate everything knowable before a start: the config, the folder, the model and the data.
+
+    Returns (merged overrides, config with num-clients resolved, run folder). Raises ``ConfigError``,
+    ``PreflightError``, ``RunFolderBusy`` or ``FileNotFoundError`` with a message for the user.
+    """
+    from fedrapp_app.checkpoint import SERVER_FILE
+    from fedrapp_app.preflight import preflight
+    from fedrapp_app.server import finished_already, run_dir_of
+
+    values = app_overrides(app_dir, args.run_config)
+    config = RunConfig.from_run_config(values)
+    supernodes = args.supernodes or config.num_clients or DEFAULT_SUPERNODES
+    if config.num_clients and config.num_clients != supernodes:
+        raise ConfigError(
+            f"num-clients = {config.num_clients} but --supernodes {supernodes}: one client runs on each SuperNode; "
+            "drop one of them"
+        )
+    resolved = config.with_num_clients(supernodes)
+    # Results go where the user is, not where the SuperLink runs; the name is fixed here so we can read it.
+    run_dir = run_dir_of(config)
+    if config["resume"] and not (run_dir / SERVER_FILE).is_file():
+        raise FileNotFoundError(
+            f"resume = true but {run_dir / SERVER_FILE} does not exist: give the run-name (and output-dir) of "
+            "the run to continue, or drop resume to start a new run"
+        )
+    check_free(run_dir)
+    if config["resume"] and finished_already(run_dir, config) is not None:
+        return values, resolved, run_dir
+    preflight(resolved)
+    return values, resolved, run_dir
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = _parser()
+    args = parser.parse_args(argv)
     app_dir = Path(args.app).expanduser().resolve()
     if not (app_dir / "pyproject.toml").is_file():
         parser.error(f"{app_dir} holds no pyproject.toml: pass the FedRAPP app folder")
+    from fedrapp_app.preflight import PreflightError
+    from fedrapp_app.server import finished_already
+
     try:
-        values = app_overrides(app_dir, args.run_config)
-        config = RunConfig.from_run_config(values)
-    except (ConfigError, ValueError, OSError) as err:
+        values, config, run_dir = prepare(args, app_dir)
+    except (ConfigError, PreflightError, RunFolderBusy, FileNotFoundError, OSError) as err:
         print(f"fedrapp-sim: {err}", file=sys.stderr)
         return 2
-    # Results go where the user is, not where the SuperLink runs; the name is fixed here so we can read it.
-    from fedrapp_app.server import run_dir_of
+    if config["resume"]:
+        done = finished_already(run_dir, config)
+        if done is not None:
+            print(
+                f"fedrapp-sim: run {run_dir} already finished ({done.get('stopped')}, {done.get('rounds')} rounds): "
+                "nothing to resume. Raise num-rounds to run more rounds, or choose a new run-name."
+            )
+            return 0
+    return launch(args, app_dir, values, config, run_dir)
 
-    run_dir = run_dir_of(config)
-    forced = {"output-dir": str(run_dir.parent), "run-name": run_dir.name}
-    num_clients = config.num_clients or DEFAULT_SUPERNODES
 
+def launch(args: argparse.Namespace, app_dir: Path, values: dict, config: RunConfig, run_dir: Path) -> int:
+    """Start the SuperLink, run the app, report; stop every process of the run whatever happens."""
+    launch_id = uuid.uuid4().hex
     env = contained_env(Path(args.flwr_home or app_dir / ".flwr-home").resolve())
+    env.update({LAUNCH_ID_ENV: launch_id, LAUNCHER_PID_ENV: str(os.getpid())})
     Path(env["FLWR_HOME"]).mkdir(parents=True, exist_ok=True)
     port = free_port()
     neutral = Path(tempfile.mkdtemp(prefix="fedrapp-superlink-"))
     log_path = Path(env["FLWR_HOME"]) / "superlink.log"
-    superlink = subprocess.Popen(
-        [
-            "flower-superlink",
-            "--insecure",
-            "--simulation",
-            "--disable-runtime-dependency-installation",
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(port),
-            "--log-file",
-            str(log_path),
-        ],
-        cwd=neutral,
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        start_new_session=True,
-    )
+    forced = {"output-dir": str(run_dir.parent), "run-name": run_dir.name}
+    previous = {s: signal.signal(s, _on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+    status: dict = {}
     try:
+        superlink = subprocess.Popen(
+            ["flower-superlink", "--insecure", "--simulation", "--disable-runtime-dependency-installation"]
+            + ["--host", "127.0.0.1", "--port", str(port), "--log-file", str(log_path)],
+            cwd=neutral,
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+        )
         wait_healthy(port, superlink)
         write_connection(env, CONNECTION, f"127.0.0.1:{port}")
         federation = (
-            f"num-supernodes={num_clients} client-resources-num-cpus={args.cpus_per_client} "
+            f"num-supernodes={config.num_clients} client-resources-num-cpus={args.cpus_per_client} "
             f"client-resources-num-gpus={args.gpus_per_client}"
         )
         # flwr run refuses a .toml file beside k=v pairs: pass the merged config as k=v pairs.
         merged = {**values, **forced}
-        command = [
-            "flwr",
-            "run",
-            str(app_dir),
-            CONNECTION,
-            "--stream",
-            "--federation-config",
-            federation,
-            "-c",
-            " ".join(f"{k}={toml_value(v)}" for k, v in merged.items()),
-        ]
-        print(f"fedrapp-sim: SuperLink pid {superlink.pid} on 127.0.0.1:{port} (log {log_path})", flush=True)
-        subprocess.run(command, cwd=neutral, env=env, check=False)
+        command = ["flwr", "run", str(app_dir), CONNECTION, "--stream", "--federation-config", federation]
+        command += ["-c", " ".join(f"{k}={toml_value(v)}" for k, v in merged.items())]
+        print(
+            f"fedrapp-sim: {config.num_clients} clients on {config.num_clients} simulated SuperNodes; "
+            f"SuperLink pid {superlink.pid} on 127.0.0.1:{port} (log {log_path}); results in {run_dir}",
+            flush=True,
+        )
+        runner = subprocess.Popen(
+            command,
+            cwd=neutral,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            errors="replace",
+            start_new_session=True,
+        )
+        _stream(runner, colour=sys.stdout.isatty())
+        runner.wait()
         status = run_status(env, neutral)
-    except KeyboardInterrupt:
-        print("fedrapp-sim: interrupted", file=sys.stderr)
+    except (Interrupted, KeyboardInterrupt) as err:
+        why = str(err) or "SIGINT"
+        print(f"\nfedrapp-sim: {why}: stopping the run and every process it started ...", file=sys.stderr, flush=True)
+        _stop_everything(launch_id, neutral)
+        print(_interrupted_message(args, run_dir), file=sys.stderr)
         return 130
-    except (RuntimeError, subprocess.SubprocessError) as err:
+    except (RuntimeError, subprocess.SubprocessError, OSError) as err:
         print(f"fedrapp-sim: {err}", file=sys.stderr)
         return 1
     finally:
-        stop_process_group(superlink)
+        _stop_everything(launch_id, neutral)
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+    return report(status, run_dir, log_path)
 
+
+def _stop_everything(launch_id: str, neutral: Path) -> None:
+    """Every process of this launch (``processes.stop_marked``), then the launcher's scratch folder."""
+    with contextlib.suppress(Interrupted, KeyboardInterrupt):
+        stop_marked(launch_id)
+    shutil.rmtree(neutral, ignore_errors=True)
+
+
+def _interrupted_message(args: argparse.Namespace, run_dir: Path) -> str:
+    from fedrapp_app.checkpoint import SERVER_FILE, ServerCheckpoint
+
+    if not (run_dir / SERVER_FILE).is_file():
+        return "fedrapp-sim: stopped before the first round ended; nothing to resume: start it again"
+    done = ServerCheckpoint.load(run_dir).round
+    return (
+        f"fedrapp-sim: stopped; the run's checkpoint holds {done} round(s) in {run_dir}. Continue it with:\n"
+        f"  {resume_command(args, run_dir)}"
+    )
+
+
+def report(status: dict, run_dir: Path, log_path: Path) -> int:
+    """Print the run's outcome from the SuperLink's status and the run folder; the exit status."""
+    summary_path = run_dir / "summary.json"
+    summary = json.loads(summary_path.read_text()) if summary_path.is_file() else None
+    _print_client_errors(run_dir)
     if status.get("status") != "finished:completed":
+        details = (summary or {}).get("error") or status.get("status-details")
         print(
-            f"fedrapp-sim: run {status.get('run-id')} ended as {status.get('status')}: "
-            f"{status.get('status-details')} (SuperLink log: {log_path})",
+            f"fedrapp-sim: the run failed: {details}\n  (status {status.get('status')}; SuperLink log {log_path})",
             file=sys.stderr,
         )
         return 1
-    summary_path = run_dir / "summary.json"
-    if not summary_path.is_file():
+    if summary is None:
         print(f"fedrapp-sim: the run completed but wrote no {summary_path}", file=sys.stderr)
         return 1
-    summary = json.loads(summary_path.read_text())
-    print(
-        f"fedrapp-sim: done. online accuracy micro {100 * summary['micro_accuracy']:.2f}% "
-        f"macro {100 * summary['macro_accuracy']:.2f}% over {summary['samples']} samples in "
-        f"{summary['rounds']} rounds; results in {run_dir}"
+    expected = sum(summary.get("per_client_samples", {}).values()) + sum(
+        (u.get("samples") or 0) for u in summary.get("unscored", {}).values()
     )
-    return 0
+    print(
+        f"fedrapp-sim: {summary['rounds']} rounds, {summary['samples']} of {expected} samples scored "
+        f"({summary.get('stopped')}); online accuracy micro {100 * summary['micro_accuracy']:.2f}% "
+        f"macro {100 * summary['macro_accuracy']:.2f}%; results in {run_dir}"
+    )
+    if summary.get("skipped"):
+        print(
+            f"fedrapp-sim: {summary['skipped']} undecodable sample(s) skipped (see 'skipped_samples' in rounds.jsonl)"
+        )
+    if summary.get("complete", True):
+        return 0
+    print("fedrapp-sim: INCOMPLETE: samples were never scored:", file=sys.stderr)
+    for client, info in sorted(summary.get("unscored", {}).items(), key=lambda kv: int(kv[0])):
+        count = "all" if info.get("samples") is None else info["samples"]
+        print(f"  client {client}: {count} unscored: {'; '.join(info.get('reasons', []))}", file=sys.stderr)
+    return 1
+
+
+def _print_client_errors(run_dir: Path) -> None:
+    """Each distinct client error of the run once, with the clients and rounds it hit."""
+    from fedrapp_app.results import read_rows
+
+    path = run_dir / "rounds.jsonl"
+    if not path.is_file():
+        return
+    seen: dict[str, list[tuple[int, int]]] = {}
+    for row in read_rows(path):
+        if row["status"] in ("failed", "rejected", "missing") and row.get("reason"):
+            seen.setdefault(f"{row['status']}: {row['reason']}", []).append((row["client"], row["round"]))
+    for reason, hits in seen.items():
+        clients = sorted({c for c, _ in hits})
+        rounds = sorted({r for _, r in hits})
+        print(
+            f"fedrapp-sim: client error ({len(hits)}x, clients {clients}, rounds {rounds[0]}-{rounds[-1]}): {reason}",
+            file=sys.stderr,
+        )
 
 
 if __name__ == "__main__":

@@ -258,6 +258,8 @@ class PersonalizedPromptStrategy(Strategy):
                 answered[node] = None
             except RejectedReply as err:
                 answered[node] = str(err)
+            except (KeyError, TypeError, ValueError) as err:  # a malformed answer: the node stays unknown
+                answered[node] = f"malformed discovery reply ({type(err).__name__}: {err})"
         for node in unknown:
             reason = answered.get(node, "no answer to the discovery query before the timeout")
             if reason is not None:
@@ -268,7 +270,9 @@ class PersonalizedPromptStrategy(Strategy):
         info = content.config_records.get(INFO)
         if info is None or PROMPT not in content.array_records:
             raise RejectedReply("discovery reply lacks 'info' or 'prompt'")
-        client = int(info["client-id"])
+        # Every field is read before any state changes: a malformed answer leaves the state as it was.
+        client, position, num_batches = int(info["client-id"]), int(info["position"]), int(info["num-batches"])
+        num_samples = int(info["num-samples"])
         if not 0 <= client < self.num_clients:
             raise RejectedReply(f"client-id {client} outside 0..{self.num_clients - 1} (num-clients)")
         previous = self.node_of.get(client)
@@ -285,12 +289,12 @@ class PersonalizedPromptStrategy(Strategy):
         elif [tuple(b.shape) for b in blocks] != self.shapes or not np.array_equal(p0, self.p0):
             raise RejectedReply("its initial prompt differs from the other clients' (same model and method?)")
         self.node_of[client] = node
-        self.num_samples[client] = int(info.get("num-samples", 0))
+        self.num_samples[client] = num_samples
         if self.state.positions[client] < 0:
-            self.state.positions[client] = int(info["position"])
-        if int(info["position"]) >= int(info["num-batches"]):
+            self.state.positions[client] = position
+        if position >= num_batches:
             self.state.exhausted[client] = True
-        log.info("node %s serves client %d (%s batches, at %s)", node, client, info["num-batches"], info["position"])
+        log.info("node %s serves client %d (%d batches, at %d)", node, client, num_batches, position)
 
     # ---------------------------------------------------------------- checkpoints
     def checkpoint(self, token: str, config: dict) -> ServerCheckpoint:

@@ -28,7 +28,7 @@ def _check_sizes(num_samples: int, spec: DataSpec) -> None:
             f"num-clients={spec.num_clients} exceeds the {num_samples} samples of the split: "
             "every client needs at least one sample; lower num-clients"
         )
-    if spec.num_clients * spec.min_partition_size > num_samples:
+    if spec.partition == "dirichlet" and spec.num_clients * spec.min_partition_size > num_samples:
         raise ValueError(
             f"min-partition-size={spec.min_partition_size} x num-clients={spec.num_clients} = "
             f"{spec.num_clients * spec.min_partition_size} exceeds the {num_samples} samples of the split; "

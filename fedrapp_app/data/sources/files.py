@@ -129,6 +129,13 @@ def image_folder(root: str | Path, *, classnames_file: Path | None = None, decod
         labels.extend([label] * len(files))
     if not paths:
         raise ValueError(f"image folder {root} has no images in class sub-folders (expected {root}/<class>/<img>)")
+    present = set(labels)
+    empty = [folder for label, folder in enumerate(folders) if label not in present]
+    if empty:
+        raise ValueError(
+            f"image folder {root}: class folder(s) {', '.join(map(repr, empty[:5]))} hold no images "
+            f"({', '.join(sorted(IMAGE_SUFFIXES))}); add images or remove the folder(s)"
+        )
     classnames = _names_for_folders(root, folders, classnames_file)
     return FileListSource(paths, labels, classnames, f"image folder {root}", decode_workers=decode_workers)
 

@@ -1,0 +1,162 @@
+"""Checks that fail a run before anything heavy starts: everything knowable on this host from the config alone.
+
+``fedrapp-sim`` runs them before it starts a SuperLink (the simulation's clients run on this host, with this
+model and this data), so a typo costs seconds and one message instead of a Ray start and a traceback per
+client. Each check raises ``PreflightError`` whose message names the problem and the fix:
+
+- the model: a local folder must exist and hold a CLIP ``config.json``; a Hub id must be in the local
+  Hugging Face cache or the Hub must be reachable;
+- the data: the source must exist in the chosen format, ``num-clients`` partitions of it must fit its pool
+  (``min-partition-size`` each), and every class must have at least one image that decodes.
+
+Only light imports here (no torch, no transformers): the checks take seconds.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import socket
+from collections.abc import Iterator
+from pathlib import Path
+from urllib.parse import urlparse
+
+from fedrapp_app.config import ConfigError, RunConfig, override_hint
+
+#: Seconds to wait for a TCP connection to the Hub before calling it unreachable.
+HUB_PROBE_SECONDS = 3.0
+_TESTBED_MODEL = Path(__file__).resolve().parent / "testbed" / "model"
+
+
+class PreflightError(ValueError):
+    """A run cannot start: the message says what is wrong and how to fix it."""
+
+
+def hub_reachable(timeout: float = HUB_PROBE_SECONDS) -> bool:
+    """Whether a TCP connection to the Hugging Face Hub (``HF_ENDPOINT``) opens; False under ``HF_HUB_OFFLINE``."""
+    if os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes", "on"):
+        return False
+    endpoint = urlparse(os.environ.get("HF_ENDPOINT", "https://huggingface.co"))
+    port = endpoint.port or (443 if endpoint.scheme == "https" else 80)
+    try:
+        with socket.create_connection((endpoint.hostname or "huggingface.co", port), timeout=timeout):
+            return True
+    except OSError:
+        return False
+
+
+def _looks_local(model: str) -> bool:
+    """A path rather than a Hub id (``org/name``): the same rule as ``engine.loading.resolve_source``."""
+    return Path(model).expanduser().exists() or model.startswith((".", "/", "~")) or model.count("/") > 1
+
+
+def check_model(model: str) -> None:
+    """The model named by the run config can be loaded on this host (without loading it)."""
+    fix = override_hint("model", "testbed").replace("testbed", "<folder or Hub id>")
+    if model == "testbed":
+        folder = _TESTBED_MODEL
+    elif _looks_local(model):
+        folder = Path(model).expanduser()
+        if not folder.is_dir():
+            raise PreflightError(
+                f"model = {model!r}: no such folder. Point it at a local CLIP checkpoint folder (config.json, "
+                f"weights, tokenizer and preprocessor files), a Hub id such as 'openai/clip-vit-base-patch16', "
+                f"or 'testbed' ({fix})"
+            )
+    else:
+        _check_hub_model(model, fix)
+        return
+    config = folder / "config.json"
+    if not config.is_file():
+        raise PreflightError(
+            f"model = {model!r}: {folder} has no config.json, so it is not a Hugging Face checkpoint folder ({fix})"
+        )
+    try:
+        model_type = json.loads(config.read_text()).get("model_type")
+    except (OSError, json.JSONDecodeError) as err:
+        raise PreflightError(f"model = {model!r}: cannot read {config}: {err}") from err
+    if model_type != "clip":
+        raise PreflightError(
+            f"model = {model!r}: {config} describes a {model_type!r} model, not a CLIP checkpoint (model_type "
+            f"'clip', e.g. openai/clip-vit-base-patch16) ({fix})"
+        )
+
+
+def _check_hub_model(repo: str, fix: str) -> None:
+    from huggingface_hub import try_to_load_from_cache
+
+    cached = try_to_load_from_cache(repo, "config.json")
+    if isinstance(cached, str):
+        return
+    if not hub_reachable():
+        raise PreflightError(
+            f"model = {repo!r} is not in the local Hugging Face cache and the Hub is unreachable from this "
+            "machine (or HF_HUB_OFFLINE is set). Download it once on a connected machine "
+            f"(`hf download {repo} --local-dir /path/clip`), copy the folder here and point the run at it "
+            f"({fix}), or run model='testbed'"
+        )
+
+
+@contextlib.contextmanager
+def _offline_unless_reachable() -> Iterator[None]:
+    """Hub reads inside go to the local cache only when the Hub cannot be reached (no network timeouts)."""
+    if hub_reachable():
+        yield
+        return
+    before = os.environ.get("HF_HUB_OFFLINE")
+    os.environ["HF_HUB_OFFLINE"] = "1"
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop("HF_HUB_OFFLINE", None)
+        else:
+            os.environ["HF_HUB_OFFLINE"] = before
+
+
+def check_data(config: RunConfig) -> None:
+    """The dataset exists in the chosen format, its pool fits the partitions and every class decodes."""
+    from fedrapp_app.data import DataUnavailableError, cached_source, client_partitions
+
+    spec = config.data_spec()
+    try:
+        with _offline_unless_reachable():
+            client_partitions(spec)  # opens the source (format, layout, labels) and draws the partitions
+            source = cached_source(spec)
+    except (DataUnavailableError, ValueError, OSError) as err:
+        raise PreflightError(f"dataset {config['dataset']!r}: {err}") from err
+    if spec.dataset != "testbed":
+        empty = classes_without_decodable_image(source)
+        if empty:
+            shown = ", ".join(repr(c) for c in empty[:5]) + (f" and {len(empty) - 5} more" if len(empty) > 5 else "")
+            raise PreflightError(
+                f"dataset {config['dataset']!r} ({source.description}): no image of class(es) {shown} can be "
+                "decoded (corrupt or not images). Replace those files, or remove the class folder(s)"
+            )
+
+
+def classes_without_decodable_image(source) -> list[str]:
+    """Names of the classes of ``source`` (a ``Source``) that have samples but none that decodes.
+
+    Decodes images of a class only until one succeeds: about one image per class on healthy data.
+    """
+    import numpy as np
+
+    from fedrapp_app.data.loader import Undecodable
+
+    labels = source.labels()
+    empty = []
+    for c, name in enumerate(source.classnames):
+        positions = np.flatnonzero(labels == c)
+        if positions.size and all(isinstance(source.load([int(i)])[0], Undecodable) for i in positions):
+            empty.append(name)
+    return empty
+
+
+def preflight(config: RunConfig) -> None:
+    """Every check above on a config whose ``num-clients`` is resolved; ``PreflightError`` on the first problem."""
+    if not config.num_clients:
+        raise ConfigError("preflight needs num-clients resolved: RunConfig.with_num_clients(n)")
+    check_model(str(config["model"]))
+    check_data(config)

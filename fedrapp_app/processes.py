@@ -1,0 +1,62 @@
+"""Stop every process a run started: the SuperLink, its SuperExec, the simulation, and Ray's whole cluster.
+
+Killing the SuperLink's process group is not enough: Flower starts the simulation and Ray starts its GCS
+server, raylet, dashboard agents and workers in sessions of their own, and some of them outlive their parent
+(or ignore SIGTERM). So ``fedrapp-sim`` marks its environment with a launch id (``FEDRAPP_LAUNCH_ID``), which
+every process started below it inherits, and ``stop_marked`` finds them all by that mark in
+``/proc/<pid>/environ``: SIGTERM, a grace period, then SIGKILL for what is left.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import time
+from pathlib import Path
+
+LAUNCH_ID_ENV = "FEDRAPP_LAUNCH_ID"
+
+
+def marked_pids(launch_id: str) -> list[int]:
+    """PIDs of the live processes (other than this one) whose environment holds ``LAUNCH_ID_ENV=launch_id``."""
+    needle = f"{LAUNCH_ID_ENV}={launch_id}".encode() + b"\0"
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            environ = (entry / "environ").read_bytes() + b"\0"
+            state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:  # gone, or not ours to read
+            continue
+        if state != "Z" and needle in environ:
+            found.append(int(entry.name))
+    return found
+
+
+def _signal_all(pids: list[int], sig: int) -> None:
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, sig)
+
+
+def stop_marked(launch_id: str, grace: float = 5.0) -> list[int]:
+    """Stop every process marked with ``launch_id``: SIGTERM, up to ``grace`` seconds, then SIGKILL.
+
+    Returns the PIDs that had to be killed with SIGKILL. Zombies (exited, not yet reaped by their parent)
+    count as stopped.
+    """
+    pids = marked_pids(launch_id)
+    _signal_all(pids, signal.SIGTERM)
+    deadline = time.monotonic() + grace
+    while pids and time.monotonic() < deadline:
+        time.sleep(0.2)
+        pids = marked_pids(launch_id)
+    killed = list(pids)
+    deadline = time.monotonic() + grace
+    while pids and time.monotonic() < deadline:  # a process spawned meanwhile is caught by the next scan
+        _signal_all(pids, signal.SIGKILL)
+        time.sleep(0.2)
+        pids = marked_pids(launch_id)
+    return killed
