@@ -27,7 +27,7 @@ from fedrapp_app.report.runs import STATUSES, Run
 
 #: Rules whose rows carry a FedAMP-style mixing matrix ξ (peer_weights = its off-diagonal renormalised,
 #: gamma = 1 − ξ_ii; see fedrapp_app.aggregation.common.split_mixing).
-XI_RULES = ("fedamp", "fedamp-cos", "fedavg")
+XI_RULES = ("fedamp", "fedamp-cos", "fedavg", "domain-oracle")
 
 
 def _ratio(numerator: float, denominator: float) -> float:
