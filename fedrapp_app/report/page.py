@@ -52,7 +52,9 @@ def _pct(value: float, digits: int = 2) -> str:
 
 
 def _secs(value: float | None) -> str:
-    return "n/a" if value is None else f"{value:.1f}"
+    if value is None:
+        return "n/a"
+    return f"{0.0 if abs(value) < 0.05 else value:.1f}"  # no "-0.0" from a difference of rounded clocks
 
 
 def _table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
