@@ -11,6 +11,7 @@ supports it) and ``"fp16"`` is refused, because CPU autocast does not support fl
 from __future__ import annotations
 
 import contextlib
+import os
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,6 +27,8 @@ from transformers import (
 )
 from transformers.image_processing_base import ImageProcessingMixin
 from transformers.utils import logging as hf_logging
+
+from fedrapp_app.engine.devices import check_device, disable_tf32
 
 DEFAULT_CHECKPOINT = "openai/clip-vit-base-patch16"
 PRECISIONS = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -62,14 +65,28 @@ class FrozenCLIP:
             return contextlib.nullcontext()
         return torch.autocast(device_type=self.device.type, dtype=PRECISIONS[self.precision])
 
+    def full_precision(self) -> contextlib.AbstractContextManager:
+        """Inside :meth:`autocast`, run the enclosed ops in their inputs' own dtype (autocast off there)."""
+        if self.precision == "fp32":
+            return contextlib.nullcontext()
+        return torch.autocast(device_type=self.device.type, enabled=False)
+
 
 def resolve_device(device: str | torch.device = "auto") -> torch.device:
-    """``"auto"`` -> ``cuda`` when available, else ``cpu``; other values go to ``torch.device``."""
+    """``"auto"`` -> ``cuda`` when available, else ``cpu``; other values go to ``torch.device``.
+
+    A CUDA device this process cannot use (no GPU visible, ``cuda:N`` beyond the visible GPUs) raises
+    ValueError with the reason and the fix (:func:`~fedrapp_app.engine.devices.check_device`), before the
+    model is read.
+    """
     if str(device) == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     resolved = torch.device(device)
-    if resolved.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError(f"device={device!r} was asked for but CUDA is not available; use device='auto' or 'cpu'")
+    if resolved.type == "cuda":
+        visible = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        problem = check_device(str(resolved), visible, os.environ.get("CUDA_VISIBLE_DEVICES"))
+        if problem is not None:
+            raise ValueError(problem)
     return resolved
 
 
@@ -174,5 +191,7 @@ def load_clip(
         except OSError as err:
             raise OSError(_unreachable_message(where, err)) from None
     model, tokenizer, image_processor = parts
+    if resolved_device.type == "cuda":
+        disable_tf32()  # precision="fp32" is IEEE float32 on every GPU (bf16 is the fast setting)
     model.requires_grad_(False).eval().to(resolved_device)
     return FrozenCLIP(model, tokenizer, image_processor, resolved_device, precision, where)
