@@ -14,12 +14,15 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 from PIL import Image
 from torch import Tensor
+
+from fedrapp_app.engine.devices import to_device_once
 
 #: Longest side / shortest side kept before the processor: its centre crop never uses more.
 _MAX_ASPECT = 2.0
@@ -175,36 +178,173 @@ _GEOMETRIC_OPS = tuple(_affine_op(k) for k in ("rotate", "shear_x", "shear_y", "
 NUM_AUGMIX_OPS = len(_POINT_OPS) + len(_GEOMETRIC_OPS)
 
 
+@dataclass(frozen=True)
+class AugMixDraws:
+    """AugMix's random choices for N images, on the host: W chains of up to S ops each.
+
+    ``weights`` Tensor[N, W] (Dirichlet(1) chain weights), ``blend`` Tensor[N] (Beta(1, 1) weight of the
+    input), ``depth`` Tensor[W, N] long (ops in each chain), ``ops`` Tensor[W, S, N] long, ``levels`` and
+    ``signs`` Tensor[W, S, N].
+    """
+
+    weights: Tensor
+    blend: Tensor
+    depth: Tensor
+    ops: Tensor
+    levels: Tensor
+    signs: Tensor
+
+    @staticmethod
+    def draw(n: int, generator: torch.Generator, severity: float = 1.0, width: int = 3, max_depth: int = 3):
+        """Draw for ``n`` images from ``generator`` (always in this order: the views depend only on the seed)."""
+        weights = -torch.log(torch.rand(n, width, generator=generator).clamp(min=1e-12))  # Dirichlet(1) via Gamma(1)
+        weights = weights / weights.sum(1, keepdim=True)
+        blend = torch.rand(n, generator=generator)  # Beta(1, 1) is uniform
+        depth, ops, levels, signs = [], [], [], []
+        for _ in range(width):
+            depth.append(torch.randint(1, max_depth + 1, (n,), generator=generator))
+            for _ in range(max_depth):
+                ops.append(torch.randint(0, NUM_AUGMIX_OPS, (n,), generator=generator))
+                levels.append(torch.empty(n).uniform_(0.1, max(severity, 0.1), generator=generator))
+                signs.append(torch.where(torch.rand(n, generator=generator) < 0.5, -1.0, 1.0))
+        steps = (width, max_depth, n)
+        return AugMixDraws(
+            weights,
+            blend,
+            torch.stack(depth),
+            torch.stack(ops).view(steps),
+            torch.stack(levels).view(steps),
+            torch.stack(signs).view(steps),
+        )
+
+    @staticmethod
+    def concat(draws: Sequence[AugMixDraws]) -> AugMixDraws:
+        """The draws of several groups of images as one (images in order)."""
+        return AugMixDraws(
+            torch.cat([d.weights for d in draws]),
+            torch.cat([d.blend for d in draws]),
+            torch.cat([d.depth for d in draws], 1),
+            torch.cat([d.ops for d in draws], 2),
+            torch.cat([d.levels for d in draws], 2),
+            torch.cat([d.signs for d in draws], 2),
+        )
+
+    def op_groups(self) -> tuple[Tensor, list[list[tuple[int, int, int]]]]:
+        """Rows grouped by op for every (chain, step), computed on the host.
+
+        Returns ``order`` Tensor[M] long (row indices, grouped) and, per chain and step, the groups as
+        (op index, start, end) slices of ``order``; rows whose chain is shorter than the step are in no group.
+        """
+        width, max_depth, _ = self.ops.shape
+        pieces, groups, start = [], [], 0
+        for chain in range(width):
+            for step in range(max_depth):
+                active = self.depth[chain] > step
+                step_groups = []
+                for index in range(NUM_AUGMIX_OPS):
+                    rows = ((self.ops[chain, step] == index) & active).nonzero().squeeze(1)
+                    if rows.numel():
+                        pieces.append(rows)
+                        step_groups.append((index, start, start + rows.numel()))
+                        start += rows.numel()
+                groups.append(step_groups)
+        order = torch.cat(pieces) if pieces else torch.zeros(0, dtype=torch.long)
+        return order, groups
+
+
+def _augmix_on_device(x: Tensor, draws: AugMixDraws, order: Tensor, groups: list, device_draws: list[Tensor]) -> Tensor:
+    """AugMix of Tensor[N, 3, H, W] in [0, 1] with ``draws`` already on ``x``'s device (``device_draws``:
+    weights, blend, levels, signs, order)."""
+    weights, blend, levels, signs, order = device_draws
+    width, max_depth, n = draws.ops.shape
+    blend = blend.view(n, 1, 1, 1)
+    mix = torch.zeros_like(x)
+    for chain in range(width):
+        y = x
+        for step in range(max_depth):
+            y = y.clone()
+            for index, start, end in groups[chain * max_depth + step]:
+                rows = order[start:end]  # a slice of the uploaded tensor: no copy
+                level = levels[chain, step][rows]
+                if index < len(_POINT_OPS):
+                    y[rows] = _POINT_OPS[index](y[rows], level)
+                else:
+                    sign = signs[chain, step][rows]
+                    y[rows] = _GEOMETRIC_OPS[index - len(_POINT_OPS)](y[rows], level, sign)
+        mix = mix + weights[:, chain].view(n, 1, 1, 1) * y
+    return blend * x + (1 - blend) * mix
+
+
 def augmix(x: Tensor, generator: torch.Generator, severity: float = 1.0, width: int = 3, max_depth: int = 3) -> Tensor:
     """AugMix (Hendrycks et al.) of Tensor[N, 3, H, W] in [0, 1]: ``width`` chains of 1..``max_depth``
     random ops, mixed with Dirichlet(1) weights, then blended with the input with a Beta(1, 1) weight.
 
     The ops follow AugMix's list (autocontrast, equalize, posterize, rotate, solarize, shear x/y,
-    translate x/y) with its level sampling (uniform in [0.1, severity]), done with torch ops.
+    translate x/y) with its level sampling (uniform in [0.1, severity]), done with torch ops. The random
+    choices are drawn on the host (:class:`AugMixDraws`); each op then runs once on all the rows that
+    drew it, and the choices reach the device in one copy.
     """
-    n = x.shape[0]
-    weights = -torch.log(torch.rand(n, width, generator=generator).clamp(min=1e-12))  # Dirichlet(1) via Gamma(1)
-    weights = (weights / weights.sum(1, keepdim=True)).to(x)
-    blend = torch.rand(n, generator=generator).to(x).view(n, 1, 1, 1)  # Beta(1, 1) is uniform
-    mix = torch.zeros_like(x)
-    for chain in range(width):
-        y = x
-        depth = torch.randint(1, max_depth + 1, (n,), generator=generator)
-        for step in range(max_depth):
-            ops = torch.randint(0, NUM_AUGMIX_OPS, (n,), generator=generator)
-            levels = torch.empty(n).uniform_(0.1, max(severity, 0.1), generator=generator).to(x)
-            signs = torch.where(torch.rand(n, generator=generator) < 0.5, -1.0, 1.0).to(x)
-            y = y.clone()
-            for index in range(NUM_AUGMIX_OPS):
-                rows = ((ops == index) & (depth > step)).nonzero().squeeze(1).to(x.device)
-                if rows.numel() == 0:
-                    continue
-                if index < len(_POINT_OPS):
-                    y[rows] = _POINT_OPS[index](y[rows], levels[rows])
-                else:
-                    y[rows] = _GEOMETRIC_OPS[index - len(_POINT_OPS)](y[rows], levels[rows], signs[rows])
-        mix = mix + weights[:, chain].view(n, 1, 1, 1) * y
-    return blend * x + (1 - blend) * mix
+    draws = AugMixDraws.draw(x.shape[0], generator, severity, width, max_depth)
+    order, groups = draws.op_groups()
+    device_draws = to_device_once([draws.weights, draws.blend, draws.levels, draws.signs, order], x.device, x.dtype)
+    return _augmix_on_device(x, draws, order, groups, device_draws)
+
+
+# ----- TPT's views ----------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class ViewDraws:
+    """The random choices behind one image's augmented views, on the host: ``theta`` Tensor[n, 2, 3] (crop +
+    flip maps) and, with AugMix, its draws for the n views."""
+
+    theta: Tensor
+    augmix: AugMixDraws | None
+
+    @staticmethod
+    def draw(n_views: int, generator: torch.Generator, use_augmix: bool = False, severity: float = 1.0):
+        """Draw for ``n_views`` views from ``generator``: crops first, then AugMix (a fixed order)."""
+        if n_views == 0:  # nothing drawn: the generator is left as it is
+            return ViewDraws(torch.zeros(0, 2, 3), None)
+        theta = crop_flip_thetas(n_views, generator)
+        return ViewDraws(theta, AugMixDraws.draw(n_views, generator, severity) if use_augmix else None)
+
+
+def views_batch(
+    pixels: Tensor, draws: Sequence[ViewDraws], mean: Tensor | None = None, std: Tensor | None = None
+) -> Tensor:
+    """Each image's original plus its augmented views, for B images at once, on ``pixels``' device.
+
+    ``pixels`` Tensor[B, 3, H, W] (normalised by the processor), ``draws`` one :class:`ViewDraws` per image
+    (all with the same number of views n and the same AugMix setting); ``mean``/``std`` Tensor[3, 1, 1] (the
+    processor's normalisation), needed for AugMix. Returns Tensor[B * (1 + n), 3, H, W], image by image, the
+    original first. The host's draws reach the device in one copy, and every op runs on all B * n views at
+    once (a GPU would otherwise wait for one small copy per image and op). Row by row the same values as
+    :func:`tpt_views` of each image with its own draws.
+    """
+    if pixels.dim() != 4 or len(draws) != pixels.shape[0]:
+        raise ValueError(f"views_batch takes [B, 3, H, W] and B draws, got {tuple(pixels.shape)} and {len(draws)}")
+    batch = pixels.shape[0]
+    n_views = draws[0].theta.shape[0] if draws else 0
+    use_augmix = bool(draws) and draws[0].augmix is not None
+    if any(d.theta.shape[0] != n_views or (d.augmix is not None) != use_augmix for d in draws):
+        raise ValueError("views_batch: every image needs the same number of views and the same AugMix setting")
+    if n_views == 0:
+        return pixels
+    if use_augmix and (mean is None or std is None):
+        raise ValueError("views_batch: AugMix needs the processor's mean and std")
+    host = [torch.cat([d.theta for d in draws])]
+    if use_augmix:
+        mixes = AugMixDraws.concat([d.augmix for d in draws])
+        order, groups = mixes.op_groups()
+        host += [mixes.weights, mixes.blend, mixes.levels, mixes.signs, order, mean, std]
+    device_draws = to_device_once(host, pixels.device, pixels.dtype)
+    sources = pixels.unsqueeze(1).expand(-1, n_views, -1, -1, -1).flatten(0, 1)  # [B * n, 3, H, W]
+    views = warp(sources, device_draws[0])
+    if use_augmix:
+        mean, std = device_draws[-2:]
+        views = (
+            _augmix_on_device((views * std + mean).clamp(0, 1), mixes, order, groups, device_draws[1:6]) - mean
+        ) / std
+    return torch.cat([pixels.unsqueeze(1), views.view(batch, n_views, *pixels.shape[1:])], 1).flatten(0, 1)
 
 
 def tpt_views(
@@ -225,13 +365,7 @@ def tpt_views(
     """
     if pixels.dim() != 3:
         raise ValueError(f"tpt_views takes one image [3, H, W], got {tuple(pixels.shape)}")
-    if n_views == 0:
-        return pixels.unsqueeze(0)
-    theta = crop_flip_thetas(n_views, generator)
-    views = warp(pixels.unsqueeze(0).expand(n_views, -1, -1, -1), theta)
-    if use_augmix:
-        if mean is None or std is None:
-            raise ValueError("tpt_views: AugMix needs the processor's mean and std")
-        mean, std = mean.to(views), std.to(views)
-        views = (augmix((views * std + mean).clamp(0, 1), generator, severity) - mean) / std
-    return torch.cat([pixels.unsqueeze(0), views])
+    if use_augmix and (mean is None or std is None):
+        raise ValueError("tpt_views: AugMix needs the processor's mean and std")
+    draws = ViewDraws.draw(n_views, generator, use_augmix, severity)
+    return views_batch(pixels.unsqueeze(0), [draws], mean, std)

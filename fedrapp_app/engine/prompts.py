@@ -96,6 +96,11 @@ class PromptedCLIP:
         self._packed_suffix = self.suffix_embeds[self._token_class, self._token_offset]  # [T, D]
         self._constant_features: OrderedDict[bytes, Tensor] = OrderedDict()
         self._qkv: dict[int, tuple[Tensor, Tensor]] = {}  # layer -> fused q/k/v projection (frozen)
+        # Per-process caches of constants, so that a step copies nothing to the device that it copied before
+        # (each blocking copy makes the host wait for a GPU's queue): init-text embeddings by text, and the
+        # shared-prefix pass's class-token rows and masks by prefix sizes.
+        self._init_contexts: dict[str, Tensor] = {}
+        self._prefix_layouts: dict[tuple[int, ...], tuple[Tensor, tuple[Tensor, Tensor, Tensor]]] = {}
 
     # ----- context blocks -------------------------------------------------------------------------
     def _token_ids(self, text: str, what: str) -> list[int]:
@@ -110,9 +115,11 @@ class PromptedCLIP:
 
     def context_from_text(self, text: str) -> Tensor:
         """Word embeddings of ``text`` (no SOS/EOS): Tensor[n, D] float32 on CPU, n = its token count."""
-        ids = torch.tensor(self._token_ids(text, what=f"init text {text!r}"), device=self.device)
-        weight = self.clip.model.text_model.embeddings.token_embedding.weight
-        return weight[ids].detach().float().cpu().clone()
+        if text not in self._init_contexts:
+            ids = torch.tensor(self._token_ids(text, what=f"init text {text!r}"), device=self.device)
+            weight = self.clip.model.text_model.embeddings.token_embedding.weight
+            self._init_contexts[text] = weight[ids].detach().float().cpu()
+        return self._init_contexts[text].clone()
 
     def random_context(self, n_ctx: int, generator: torch.Generator, num_classes: int | None = None) -> Tensor:
         """Random context N(0, 0.02²): Tensor[n_ctx, D], or [C, n_ctx, D] when ``num_classes`` is given."""
@@ -186,7 +193,7 @@ class PromptedCLIP:
         sizes = [1 + ctx.shape[0] for ctx in contexts]  # prefix sizes, on the host: no device sync
         self._check_length(max(sizes) - 1)
         prefix_len = max(sizes)
-        lengths = torch.tensor(sizes, device=self.device)  # [G]
+        suffix, masks = self._prefix_layout(tuple(sizes))
         positions = text.embeddings.position_embedding.weight  # [max_len, D]
         prefix = (
             torch.stack(
@@ -199,10 +206,7 @@ class PromptedCLIP:
             )
             + positions[:prefix_len]
         )  # [G, P, D]
-        # class token t of block g sits at position (1 + n_g) + offset_t
-        suffix = self._packed_suffix + positions[lengths.unsqueeze(1) + self._token_offset]  # [G, T, D]
         rows = torch.cat([prefix.flatten(0, 1), suffix.flatten(0, 1)])  # [G*P + G*T, D]
-        masks = self._shared_prefix_masks(lengths, prefix_len)
         with record_function("fedrapp.text_pass"), self.clip.autocast():
             for index, layer in enumerate(text.encoder.layers):
                 attended = self._shared_prefix_attention(
@@ -214,6 +218,19 @@ class PromptedCLIP:
             eos = rows[groups * prefix_len :].view(groups, -1, rows.shape[-1])[:, self._eos_rows]  # [G, C, D]
             features = self.clip.model.text_projection(text.final_layer_norm(eos))
         return F.normalize(features.float(), dim=-1)
+
+    def _prefix_layout(self, sizes: tuple[int, ...]) -> tuple[Tensor, tuple[Tensor, Tensor, Tensor]]:
+        """The class-token rows Tensor[G, T, D] (embeddings + positions) and the attention masks of a
+        shared-prefix pass whose G prefixes have ``sizes`` tokens; cached (they depend on nothing else)."""
+        if sizes not in self._prefix_layouts:
+            lengths = torch.tensor(sizes, device=self.device)  # [G]
+            positions = self.clip.model.text_model.embeddings.position_embedding.weight.detach()  # [max_len, D]
+            # class token t of block g sits at position (1 + n_g) + offset_t
+            suffix = self._packed_suffix + positions[lengths.unsqueeze(1) + self._token_offset]  # [G, T, D]
+            if len(self._prefix_layouts) >= 8:  # a method uses one or two layouts: bound the cache anyway
+                self._prefix_layouts.pop(next(iter(self._prefix_layouts)))
+            self._prefix_layouts[sizes] = suffix, self._shared_prefix_masks(lengths, max(sizes))
+        return self._prefix_layouts[sizes]
 
     def _shared_prefix_masks(self, lengths: Tensor, prefix_len: int) -> tuple[Tensor, Tensor, Tensor]:
         """Attention masks of the shared-prefix pass (True = may attend).
@@ -249,7 +266,9 @@ class PromptedCLIP:
     ) -> Tensor:
         """CLIP self-attention (before ``out_proj``) of the shared-prefix rows: Tensor[R, D] -> Tensor[R, D].
 
-        Scores and softmax in float32, as SDPA computes them; the projections follow autocast.
+        Scores, softmax and the weighted sum of values in float32 (autocast is off for them: under bf16/fp16
+        autocast an einsum would run in the low dtype); the q/k/v projection follows autocast. The sequences
+        are short (about 15 tokens), so these einsums are a small share of the pass's FLOPs.
         """
         num_classes, suffix_len = self.suffix_embeds.shape[:2]
         heads, head_dim, scale = attention.num_heads, attention.head_dim, attention.scale
@@ -261,16 +280,17 @@ class PromptedCLIP:
         padded = qkv.new_zeros(groups, num_classes * suffix_len, qkv.shape[-1])
         padded = padded.index_copy(1, slot, qkv[split:].view(groups, -1, qkv.shape[-1]))
         q_s, k_s, v_s = padded.view(groups, num_classes, suffix_len, 3, heads, head_dim).unbind(3)  # [G, C, S, H, h]
-        # prefix rows: causal attention within their own block
-        scores = (torch.einsum("gphd,gqhd->ghpq", q_p, k_p) * scale).masked_fill(~causal_prefix, float("-inf"))
-        out_prefix = torch.einsum("ghpq,gqhd->gphd", scores.softmax(-1), v_p).reshape(split, -1)
-        # class rows: their block's real prefix, then the earlier tokens of their own class
-        to_prefix = (torch.einsum("gcshd,gphd->gchsp", q_s, k_p) * scale).masked_fill(~visible, float("-inf"))
-        to_own = (torch.einsum("gcshd,gcthd->gchst", q_s, k_s) * scale).masked_fill(~causal_suffix, float("-inf"))
-        weights = torch.cat([to_prefix, to_own], -1).softmax(-1)
-        out_suffix = torch.einsum("gchsp,gphd->gcshd", weights[..., :prefix_len], v_p) + torch.einsum(
-            "gchst,gcthd->gcshd", weights[..., prefix_len:], v_s
-        )
+        with self.clip.full_precision():
+            # prefix rows: causal attention within their own block
+            scores = (torch.einsum("gphd,gqhd->ghpq", q_p, k_p) * scale).masked_fill(~causal_prefix, float("-inf"))
+            out_prefix = torch.einsum("ghpq,gqhd->gphd", scores.softmax(-1), v_p).reshape(split, -1)
+            # class rows: their block's real prefix, then the earlier tokens of their own class
+            to_prefix = (torch.einsum("gcshd,gphd->gchsp", q_s, k_p) * scale).masked_fill(~visible, float("-inf"))
+            to_own = (torch.einsum("gcshd,gcthd->gchst", q_s, k_s) * scale).masked_fill(~causal_suffix, float("-inf"))
+            weights = torch.cat([to_prefix, to_own], -1).softmax(-1)
+            out_suffix = torch.einsum("gchsp,gphd->gcshd", weights[..., :prefix_len], v_p) + torch.einsum(
+                "gchst,gcthd->gcshd", weights[..., prefix_len:], v_s
+            )
         out_suffix = out_suffix.reshape(groups, num_classes * suffix_len, -1).index_select(1, slot)
         return torch.cat([out_prefix, out_suffix.flatten(0, 1)]).to(x.dtype)
 

@@ -18,8 +18,9 @@ does) gives the same features it had when it entered the buffer.
 Where SPEC and the reference differ we follow SPEC: a new sample of a largest class replaces its class's
 least confident sample only if strictly more confident (reference: also on ties); when several classes
 tie as largest, the reference picks one at random and we evict the least confident sample among all of
-them (deterministic, no random state to carry). The reference's fp16 GradScaler is not needed: the
-prompts are float32 and AdamW sees unscaled gradients either way.
+them (deterministic, no random state to carry). Like the reference (its GradScaler), ``precision = "fp16"``
+scales the loss (:mod:`fedrapp_app.methods.scaling`): float32 prompts do not make it unnecessary, because the
+text tower's backward runs in float16, where most intermediate gradients would underflow.
 """
 
 from __future__ import annotations
@@ -45,6 +46,7 @@ from fedrapp_app.methods.base import (
     load_adamw_state,
     mean_entropy,
 )
+from fedrapp_app.methods.scaling import scaler_for
 
 
 class ConfidenceBuffer:
@@ -160,12 +162,13 @@ class AdaPrompt(LocalMethod):
     """AdaPrompt with a persistent buffer and AdamW moments (both survive rounds via state_dict)."""
 
     name: ClassVar[str] = "adaprompt"
-    _BUFFER, _OPTIMIZER = "buffer.", "optimizer."
+    _BUFFER, _OPTIMIZER, _SCALER = "buffer.", "optimizer.", "scaler."
 
     def __init__(self, params: AdaPromptParams | None = None) -> None:
         self.params = params or AdaPromptParams()
         self.buffer = ConfidenceBuffer(self.params.buffer_size)
         self._optimizer_state: dict[str, np.ndarray] = {}
+        self._scaler_state: dict[str, np.ndarray] = {}  # fp16 loss scale (empty otherwise)
 
     def initial_prompt(self, pclip: PromptedCLIP) -> list[Tensor]:
         return [initial_context(pclip, text, self.params.csc) for text in self.params.init_texts]
@@ -195,6 +198,7 @@ class AdaPrompt(LocalMethod):
         text = pclip.text_features(params) if update else pclip.constant_text_features(params)
         before = pclip.logits(features, text.detach())
         after, loss = before, 0.0
+        scaler = scaler_for(pclip.clip.precision, self._scaler_state, self._SCALER)
         if update:
             optimizer = torch.optim.AdamW(params, lr=p.lr, weight_decay=p.weight_decay)
             load_adamw_state(optimizer, params, self._optimizer_state, self._OPTIMIZER)
@@ -202,9 +206,10 @@ class AdaPrompt(LocalMethod):
             scores = buffer_logits.softmax(-1) if p.double_softmax else buffer_logits
             objective = F.cross_entropy(scores, self.buffer.labels.to(pclip.device))
             optimizer.zero_grad()
-            objective.backward()
+            scaler.backward(objective, params)
             optimizer.step()
             self._optimizer_state = adamw_state_arrays(optimizer, params, self._OPTIMIZER)
+            self._scaler_state = scaler.state_arrays(self._SCALER)
             with torch.no_grad():
                 after = pclip.logits(features, pclip.text_features(params))
             loss = float(objective.detach())
@@ -220,15 +225,17 @@ class AdaPrompt(LocalMethod):
                 "buffer_fill": float(len(self.buffer)),
                 "confident": float(confident.sum()),
                 "stored": float(stored),
+                **scaler.stats(),
             },
         )
 
     def state_dict(self) -> dict[str, np.ndarray]:
         state = self.buffer.state_arrays(self._BUFFER)
-        state.update({key: value.copy() for key, value in self._optimizer_state.items()})
+        state.update({key: value.copy() for key, value in {**self._optimizer_state, **self._scaler_state}.items()})
         return state
 
     def load_state_dict(self, state: dict[str, np.ndarray]) -> None:
-        check_state_keys(state, [self._BUFFER, self._OPTIMIZER], self.name)
+        check_state_keys(state, [self._BUFFER, self._OPTIMIZER, self._SCALER], self.name)
         self.buffer.load_arrays(state, self._BUFFER)
         self._optimizer_state = {k: np.array(v) for k, v in state.items() if k.startswith(self._OPTIMIZER)}
+        self._scaler_state = {k: np.array(v) for k, v in state.items() if k.startswith(self._SCALER)}

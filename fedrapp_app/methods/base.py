@@ -17,6 +17,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from fedrapp_app.engine.devices import to_device_once, to_host_once
 from fedrapp_app.engine.prompts import PromptedCLIP
 
 
@@ -91,8 +92,8 @@ def check_prompt(prompt: Sequence[Tensor], reference: Sequence[Tensor], method: 
 
 
 def detached(blocks: Sequence[Tensor]) -> list[Tensor]:
-    """Blocks as detached float32 cpu copies (the form an Adaptation carries)."""
-    return [block.detach().to("cpu", torch.float32).clone() for block in blocks]
+    """Blocks as detached float32 cpu copies (the form an Adaptation carries), read from the device at once."""
+    return to_host_once(blocks)
 
 
 # ----- AdamW state <-> arrays -----------------------------------------------------------------------
@@ -102,13 +103,17 @@ _MOMENTS = ("exp_avg", "exp_avg_sq")
 def adamw_state_arrays(optimizer: torch.optim.AdamW, params: Sequence[Tensor], prefix: str) -> dict[str, np.ndarray]:
     """The AdamW step counters and moments of ``params`` as arrays ``{prefix}{step|exp_avg|exp_avg_sq}.{k}``."""
     arrays: dict[str, np.ndarray] = {}
+    moments: dict[str, Tensor] = {}
     for k, param in enumerate(params):
         state = optimizer.state.get(param)
         if not state:
             continue
         arrays[f"{prefix}step.{k}"] = np.asarray(torch.as_tensor(state["step"]).detach().cpu().numpy())
-        for moment in _MOMENTS:
-            arrays[f"{prefix}{moment}.{k}"] = state[moment].detach().cpu().numpy().copy()
+        moments.update({f"{prefix}{moment}.{k}": state[moment] for moment in _MOMENTS})
+    # every moment in one device-to-host copy (float32, as AdamW keeps them for float32 prompts)
+    arrays.update(
+        {key: value.numpy() for key, value in zip(moments, to_host_once(list(moments.values())), strict=True)}
+    )
     return arrays
 
 
@@ -116,10 +121,9 @@ def load_adamw_state(
     optimizer: torch.optim.AdamW, params: Sequence[Tensor], arrays: dict[str, np.ndarray], prefix: str
 ) -> None:
     """Put moments saved by :func:`adamw_state_arrays` into a fresh ``optimizer`` over ``params``."""
-    for k, param in enumerate(params):
-        if f"{prefix}step.{k}" not in arrays:
-            continue
-        state = {"step": torch.tensor(float(arrays[f"{prefix}step.{k}"]), dtype=torch.float32)}
+    saved = [(k, param) for k, param in enumerate(params) if f"{prefix}step.{k}" in arrays]
+    host: list[Tensor] = []
+    for k, param in saved:
         for moment in _MOMENTS:
             value = torch.from_numpy(np.array(arrays[f"{prefix}{moment}.{k}"], dtype=np.float32))
             if tuple(value.shape) != tuple(param.shape):
@@ -127,7 +131,13 @@ def load_adamw_state(
                     f"saved optimizer moment {prefix}{moment}.{k} has shape {tuple(value.shape)}, "
                     f"the prompt block has {tuple(param.shape)}"
                 )
-            state[moment] = value.to(param.device)
+            host.append(value)
+    if not saved:
+        return
+    moved = iter(to_device_once(host, params[0].device))  # one host-to-device copy for all moments
+    for k, param in saved:
+        state = {"step": torch.tensor(float(arrays[f"{prefix}step.{k}"]), dtype=torch.float32)}
+        state.update({moment: next(moved) for moment in _MOMENTS})
         optimizer.state[param] = state
 
 

@@ -49,6 +49,7 @@ from fedrapp_app.methods.base import (
     load_adamw_state,
     mean_entropy,
 )
+from fedrapp_app.methods.scaling import scaler_for
 
 MARGINALS = ("batch", "ema")
 
@@ -118,13 +119,14 @@ class InformationMaximisation(LocalMethod):
     """Online IM: one prompt step per batch; AdamW moments and (``ema``) the running marginal persist."""
 
     name: ClassVar[str] = "im"
-    _OPTIMIZER, _MARGINAL = "optimizer.", "marginal."
+    _OPTIMIZER, _MARGINAL, _SCALER = "optimizer.", "marginal.", "scaler."
 
     def __init__(self, params: IMParams | None = None) -> None:
         self.params = params or IMParams()
         self._optimizer_state: dict[str, np.ndarray] = {}
         self._ema: np.ndarray | None = None  # [C] float32, raw (not bias-corrected) running marginal
         self._count = 0  # batches folded into the running marginal
+        self._scaler_state: dict[str, np.ndarray] = {}  # fp16 loss scale (empty otherwise)
 
     def initial_prompt(self, pclip: PromptedCLIP) -> list[Tensor]:
         return [initial_context(pclip, self.params.init_text, self.params.csc)]
@@ -148,10 +150,12 @@ class InformationMaximisation(LocalMethod):
         if p.marginal == "ema":
             reference = self._fold_into_running_marginal(batch_marginal(before.detach()).cpu()).to(pclip.device)
         loss, conditional, diversity = im_loss(before, reference, p.diversity_weight)
+        scaler = scaler_for(pclip.clip.precision, self._scaler_state, self._SCALER)
         optimizer.zero_grad()
-        loss.backward()
+        scaler.backward(loss, [context])
         optimizer.step()
         self._optimizer_state = adamw_state_arrays(optimizer, [context], self._OPTIMIZER)
+        self._scaler_state = scaler.state_arrays(self._SCALER)
         with torch.no_grad():
             after = pclip.logits(features, pclip.text_features([context]))
         marginal = batch_marginal(before.detach()) if reference is None else reference
@@ -167,6 +171,7 @@ class InformationMaximisation(LocalMethod):
                 "diversity": float(diversity.detach()),
                 "marginal_entropy": float(-(marginal * marginal.clamp_min(1e-30).log()).sum()),
                 "updated": 1.0,
+                **scaler.stats(),
             },
         )
 
@@ -184,14 +189,15 @@ class InformationMaximisation(LocalMethod):
         return corrected
 
     def state_dict(self) -> dict[str, np.ndarray]:
-        state = {key: value.copy() for key, value in self._optimizer_state.items()}
+        state = {key: value.copy() for key, value in {**self._optimizer_state, **self._scaler_state}.items()}
         if self._ema is not None:
             state[f"{self._MARGINAL}ema"] = self._ema.copy()
             state[f"{self._MARGINAL}count"] = np.asarray(self._count, dtype=np.int64)
         return state
 
     def load_state_dict(self, state: dict[str, np.ndarray]) -> None:
-        check_state_keys(state, [self._OPTIMIZER, self._MARGINAL], self.name)
+        check_state_keys(state, [self._OPTIMIZER, self._MARGINAL, self._SCALER], self.name)
+        self._scaler_state = {k: np.array(v) for k, v in state.items() if k.startswith(self._SCALER)}
         marginal = {key[len(self._MARGINAL) :]: value for key, value in state.items() if key.startswith(self._MARGINAL)}
         if marginal and self.params.marginal != "ema":
             raise ValueError(

@@ -29,7 +29,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from fedrapp_app.engine.images import normalisation, tpt_views
+from fedrapp_app.engine.images import ViewDraws, normalisation, views_batch
 from fedrapp_app.engine.prompts import PromptedCLIP
 from fedrapp_app.methods.base import (
     Adaptation,
@@ -42,6 +42,7 @@ from fedrapp_app.methods.base import (
     load_adamw_state,
     mean_entropy,
 )
+from fedrapp_app.methods.scaling import LossScaler, scaler_for
 
 
 @dataclass(frozen=True)
@@ -103,9 +104,11 @@ class TPT(LocalMethod):
     """Episodic TPT; stateless across images and rounds."""
 
     name: ClassVar[str] = "tpt"
+    _SCALER = "scaler."
 
     def __init__(self, params: TPTParams | None = None) -> None:
         self.params = params or TPTParams()
+        self._scaler_state: dict[str, np.ndarray] = {}  # fp16 loss scale (empty otherwise)
 
     def initial_prompt(self, pclip: PromptedCLIP) -> list[Tensor]:
         return [initial_context(pclip, self.params.init_text, self.params.csc)]
@@ -113,28 +116,21 @@ class TPT(LocalMethod):
     def view_features(self, pclip: PromptedCLIP, pixel_values: Tensor, generator: torch.Generator) -> Tensor:
         """Features of each image's original view (row 0) and augmented views -> Tensor[B, 1 + n_views, E].
 
-        One seed per image is drawn from ``generator``, so views do not depend on chunking or device.
+        One seed per image is drawn from ``generator`` and each image's views are drawn from its own seed on
+        the host, so views do not depend on chunking or device. The batch goes to the device in one copy,
+        and the views of ``image_chunk // (1 + n_views)`` images are made together (:func:`views_batch`).
         """
         p = self.params
         seeds = torch.randint(0, 2**62, (pixel_values.shape[0],), generator=generator).tolist()
+        draws = [
+            ViewDraws.draw(p.n_views, torch.Generator().manual_seed(s), p.augmix, p.augmix_severity) for s in seeds
+        ]
         mean, std = normalisation(pclip.clip.image_processor)
+        pixels = pixel_values.to(pclip.device)
         per_call = max(1, p.image_chunk // (1 + p.n_views))
         features = []
         for start in range(0, len(seeds), per_call):
-            views = torch.cat(
-                [
-                    tpt_views(
-                        pixel_values[i].to(pclip.device),
-                        p.n_views,
-                        torch.Generator().manual_seed(seeds[i]),
-                        use_augmix=p.augmix,
-                        mean=mean,
-                        std=std,
-                        severity=p.augmix_severity,
-                    )
-                    for i in range(start, min(start + per_call, len(seeds)))
-                ]
-            )
+            views = views_batch(pixels[start : start + per_call], draws[start : start + per_call], mean, std)
             features.append(pclip.image_features(views, chunk_size=p.image_chunk))
         return torch.cat(features).unflatten(0, (len(seeds), 1 + p.n_views))
 
@@ -143,18 +139,34 @@ class TPT(LocalMethod):
     ) -> Adaptation:
         (received,) = check_prompt(prompt, self.initial_prompt(pclip), self.name)
         features = self.view_features(pclip, pixel_values, generator)
-        tuned, before, after, loss = self._episodic_steps(pclip, received, features)
+        scaler = scaler_for(pclip.clip.precision, self._scaler_state, self._SCALER)
+        tuned, before, after, loss = self._episodic_steps(pclip, received, features, scaler)
+        self._scaler_state = scaler.state_arrays(self._SCALER)
         return Adaptation(
             prompt=detached([tuned.mean(0)]),
             predictions=after.argmax(-1).cpu(),
             predictions_before=before.argmax(-1).cpu(),
             h_pre=mean_entropy(before),
             h_post=mean_entropy(after),
-            stats={"loss": float(loss.mean()), "views_kept": float(self.params.views_kept), "updated": 1.0},
+            stats={
+                "loss": float(loss.mean()),
+                "views_kept": float(self.params.views_kept),
+                "updated": 1.0,
+                **scaler.stats(),
+            },
         )
 
+    def state_dict(self) -> dict[str, np.ndarray]:
+        return {key: value.copy() for key, value in self._scaler_state.items()}
+
+    def load_state_dict(self, state: dict[str, np.ndarray]) -> None:
+        unknown = sorted(key for key in state if not key.startswith(self._SCALER))
+        if unknown:  # episodic: nothing persists but fp16's loss scale
+            raise ValueError(f"method {self.name!r} keeps no client state but fp16's loss scale, got keys {unknown}")
+        self._scaler_state = {key: np.array(value) for key, value in state.items()}
+
     def _episodic_steps(
-        self, pclip: PromptedCLIP, context: Tensor, features: Tensor
+        self, pclip: PromptedCLIP, context: Tensor, features: Tensor, scaler: LossScaler
     ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
         """One AdamW step per image from ``context``, all images at once.
 
@@ -170,7 +182,7 @@ class TPT(LocalMethod):
             logits = pclip.logit_scale * torch.einsum("bve,bce->bvc", chunk, pclip.text_features_stacked(stacked))
             loss, _ = tpt_loss(logits, p.views_kept)
             # Image b's loss depends only on copy b, so the sum gives every copy exactly its own gradient.
-            loss.sum().backward()
+            scaler.backward(loss.sum(), [stacked])
             optimizer.step()
             with torch.no_grad():
                 text_after = pclip.text_features_stacked(stacked)
@@ -197,6 +209,7 @@ class TPTOnline(TPT):
         p = self.params
         (received,) = check_prompt(prompt, self.initial_prompt(pclip), self.name)
         features = self.view_features(pclip, pixel_values, generator)  # [B, V, E]
+        scaler = scaler_for(pclip.clip.precision, self._scaler_state, self._SCALER)
         context = received.to(pclip.device).requires_grad_(True)
         optimizer = torch.optim.AdamW([context], lr=p.lr, weight_decay=p.weight_decay)
         load_adamw_state(optimizer, [context], self._optimizer_state, self._PREFIX)
@@ -206,14 +219,15 @@ class TPTOnline(TPT):
         for b in range(features.shape[0]):
             loss, _ = tpt_loss(pclip.logit_scale * features[b] @ text.T, p.views_kept)
             optimizer.zero_grad()
-            loss.backward()
+            scaler.backward(loss, [context])
             optimizer.step()
             # The updated prompt predicts image b and gives image b+1's loss: one text pass serves both.
             with torch.set_grad_enabled(b + 1 < features.shape[0]):
                 text = pclip.text_features([context])[0]
             after.append(pclip.logit_scale * features[b, 0] @ text.detach().T)
-            losses.append(float(loss.detach()))
+            losses.append(loss.detach())  # read once at the end: a read per image would stall a GPU each time
         self._optimizer_state = adamw_state_arrays(optimizer, [context], self._PREFIX)
+        self._scaler_state = scaler.state_arrays(self._SCALER)
         after_logits = torch.stack(after)
         return Adaptation(
             prompt=detached([context]),
@@ -221,12 +235,18 @@ class TPTOnline(TPT):
             predictions_before=before.argmax(-1).cpu(),
             h_pre=mean_entropy(before),
             h_post=mean_entropy(after_logits),
-            stats={"loss": float(np.mean(losses)), "views_kept": float(p.views_kept), "updated": 1.0},
+            stats={
+                "loss": float(np.mean(torch.stack(losses).tolist())),
+                "views_kept": float(p.views_kept),
+                "updated": 1.0,
+                **scaler.stats(),
+            },
         )
 
     def state_dict(self) -> dict[str, np.ndarray]:
-        return {key: value.copy() for key, value in self._optimizer_state.items()}
+        return {key: value.copy() for key, value in {**self._optimizer_state, **self._scaler_state}.items()}
 
     def load_state_dict(self, state: dict[str, np.ndarray]) -> None:
-        check_state_keys(state, [self._PREFIX], self.name)
-        self._optimizer_state = {key: np.array(value) for key, value in state.items()}
+        check_state_keys(state, [self._PREFIX, self._SCALER], self.name)
+        self._optimizer_state = {k: np.array(v) for k, v in state.items() if k.startswith(self._PREFIX)}
+        self._scaler_state = {k: np.array(v) for k, v in state.items() if k.startswith(self._SCALER)}
