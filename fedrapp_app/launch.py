@@ -49,11 +49,12 @@ from fedrapp_app.runlock import LAUNCHER_PID_ENV, RunFolderBusy, check_free
 CONNECTION = "fedrapp-sim"
 #: SuperNodes of the default experiment when num-clients = 0 (one client per SuperNode).
 DEFAULT_SUPERNODES = 8
-#: Lines of Flower's output that do not apply to a fedrapp-sim run (it sets the federation size itself).
+#: Lines of Flower's and Ray's output that do not apply to a fedrapp-sim run, with how many lines after each
+#: belong to it: fedrapp-sim sets the federation size itself, and gives every client its resources.
 _NOISE = (
-    re.compile(r"default simulated SuperNodes changed from"),
-    re.compile(r"To change federation size, use the following command"),
-    re.compile(r"flwr federation simulation-config"),
+    (re.compile(r"default simulated SuperNodes changed from"), 0),
+    (re.compile(r"To change federation size, use the following command"), 1),
+    (re.compile(r"FutureWarning: Tip: In future versions of Ray, Ray will no longer override accelerator"), 1),
 )
 
 
@@ -215,24 +216,40 @@ def run_status(env: dict[str, str], cwd: Path, connection: str = CONNECTION) -> 
 def _stream(process: subprocess.Popen, colour: bool) -> None:
     """Copy the run's output to ours, line by line, without Flower's notes that do not apply here."""
     assert process.stdout is not None
-    skip_next = False
+    skip = 0
     for line in process.stdout:
-        if skip_next or any(p.search(line) for p in _NOISE):
-            skip_next = "following command" in line  # the hint's second line is the command itself
+        if skip:
+            skip -= 1
+            continue
+        noise = next((after for pattern, after in _NOISE if pattern.search(line)), None)
+        if noise is not None:
+            skip = noise
             continue
         sys.stdout.write(line if colour else strip_ansi(line))
         sys.stdout.flush()
 
 
+def _shell_word(text: str) -> str:
+    """``text`` quoted for a POSIX shell, in double quotes when that needs no escapes (easier to read)."""
+    if re.fullmatch(r"[\w@%+=:,./-]+", text):
+        return text
+    return f'"{text}"' if not re.search(r'["$`\\!]', text) else shlex.quote(text)
+
+
+def _toml_string(text: str) -> str:
+    """A TOML string, single-quoted when it can be (so that it sits inside a double-quoted shell word)."""
+    return f"'{text}'" if "'" not in text else json.dumps(text)
+
+
 def resume_command(args: argparse.Namespace, run_dir: Path) -> str:
     """The command that continues the run in ``run_dir``: the same overrides plus resume, name and folder."""
-    parts = ["fedrapp-sim", shlex.quote(args.app)]
+    parts = ["fedrapp-sim", _shell_word(args.app)]
     for override in args.run_config:
-        parts += ["-c", shlex.quote(override)]
+        parts += ["-c", _shell_word(override)]
     if args.supernodes:
         parts += ["--supernodes", str(args.supernodes)]
-    extra = f"resume=true run-name={toml_value(run_dir.name)} output-dir={toml_value(str(run_dir.parent))}"
-    return " ".join([*parts, "-c", shlex.quote(extra)])
+    extra = f"resume=true run-name={_toml_string(run_dir.name)} output-dir={_toml_string(str(run_dir.parent))}"
+    return " ".join([*parts, "-c", _shell_word(extra)])
 
 
 def _on_signal(signum: int, _frame: Any) -> None:
@@ -383,7 +400,12 @@ def launch(args: argparse.Namespace, app_dir: Path, values: dict, config: RunCon
         why = str(err) or "SIGINT"
         print(f"\nfedrapp-sim: {why}: stopping the run and every process it started ...", file=sys.stderr, flush=True)
         _stop_everything(launch_id, neutral)
-        print(_interrupted_message(args, run_dir), file=sys.stderr)
+        message = _interrupted_message(args, run_dir)
+        from fedrapp_app.server import mark_interrupted
+
+        with contextlib.suppress(Exception):  # the folder says so too; the run itself is safe either way
+            mark_interrupted(run_dir, f"stopped by {why}; {message.split(': ', 1)[-1]}")
+        print(f"fedrapp-sim: {message}", file=sys.stderr)
         return 130
     except (RuntimeError, subprocess.SubprocessError, OSError) as err:
         print(f"fedrapp-sim: {err}", file=sys.stderr)
@@ -406,10 +428,10 @@ def _interrupted_message(args: argparse.Namespace, run_dir: Path) -> str:
     from fedrapp_app.checkpoint import SERVER_FILE, ServerCheckpoint
 
     if not (run_dir / SERVER_FILE).is_file():
-        return "fedrapp-sim: stopped before the first round ended; nothing to resume: start it again"
+        return "stopped before the first round ended; nothing to resume: start it again"
     done = ServerCheckpoint.load(run_dir).round
     return (
-        f"fedrapp-sim: stopped; the run's checkpoint holds {done} round(s) in {run_dir}. Continue it with:\n"
+        f"stopped; the run's checkpoint holds {done} round(s) in {run_dir}. Continue it with:\n"
         f"  {resume_command(args, run_dir)}"
     )
 
@@ -419,6 +441,7 @@ def report(status: dict, run_dir: Path, log_path: Path) -> int:
     summary_path = run_dir / "summary.json"
     summary = json.loads(summary_path.read_text()) if summary_path.is_file() else None
     _print_client_errors(run_dir)
+    _write_report(run_dir)
     if status.get("status") != "finished:completed":
         details = (summary or {}).get("error") or status.get("status-details")
         print(
@@ -448,6 +471,19 @@ def report(status: dict, run_dir: Path, log_path: Path) -> int:
         count = "all" if info.get("samples") is None else info["samples"]
         print(f"  client {client}: {count} unscored: {'; '.join(info.get('reasons', []))}", file=sys.stderr)
     return 1
+
+
+def _write_report(run_dir: Path) -> None:
+    """The run's report (``fedrapp-report``), when it has rows to show; never fails the run."""
+    from fedrapp_app.report import RunError, write_report
+
+    rounds = run_dir / "rounds.jsonl"
+    if not rounds.is_file() or not rounds.stat().st_size:
+        return  # nothing ran: the failure message says why
+    try:
+        print(f"fedrapp-sim: report in {write_report([run_dir])}")
+    except (RunError, OSError, ValueError) as err:
+        print(f"fedrapp-sim: no report ({err})", file=sys.stderr)
 
 
 def _print_client_errors(run_dir: Path) -> None:

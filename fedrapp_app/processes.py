@@ -18,9 +18,9 @@ from pathlib import Path
 LAUNCH_ID_ENV = "FEDRAPP_LAUNCH_ID"
 
 
-def marked_pids(launch_id: str) -> list[int]:
-    """PIDs of the live processes (other than this one) whose environment holds ``LAUNCH_ID_ENV=launch_id``."""
-    needle = f"{LAUNCH_ID_ENV}={launch_id}".encode() + b"\0"
+def marked_pids(launch_id: str, variable: str = LAUNCH_ID_ENV) -> list[int]:
+    """PIDs of the live processes (other than this one) whose environment holds ``variable=launch_id``."""
+    needle = f"{variable}={launch_id}".encode() + b"\0"
     found = []
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit() or int(entry.name) == os.getpid():
@@ -30,7 +30,7 @@ def marked_pids(launch_id: str) -> list[int]:
             state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
         except OSError:  # gone, or not ours to read
             continue
-        if state != "Z" and needle in environ:
+        if state != "Z" and b"\0" + needle in b"\0" + environ:
             found.append(int(entry.name))
     return found
 

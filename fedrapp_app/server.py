@@ -17,7 +17,7 @@ from typing import Any
 from flwr.app import ArrayRecord, ConfigRecord, Context
 from flwr.serverapp import Grid, ServerApp
 
-from fedrapp_app.checkpoint import CLIENT_STATE_DIR, ServerCheckpoint, new_run_token
+from fedrapp_app.checkpoint import CLIENT_STATE_DIR, SERVER_FILE, ServerCheckpoint, new_run_token
 from fedrapp_app.config import RESUMABLE_KEYS, ConfigError, RunConfig
 from fedrapp_app.errors import describe
 from fedrapp_app.results import RunRecorder, unscored_samples
@@ -49,6 +49,7 @@ def _row(row: ClientRow, report: RoundReport) -> dict[str, Any]:
         return out
     u, c = row.upload, row.client_id
     report_metrics = dict(u.report)
+    report_metrics.pop("skipped", None)  # the row's own ``skipped`` (with the names) says it
     out.update(
         num_examples=u.num_examples,
         correct=int(report_metrics.pop("correct", 0)),
@@ -99,6 +100,17 @@ def finished_already(run_dir: Path, config: RunConfig) -> dict[str, Any] | None:
     if summary.get("stopped") == "streams ended" or (max_rounds and int(summary.get("rounds", 0)) >= max_rounds):
         return summary
     return None
+
+
+def mark_interrupted(run_dir: Path, why: str) -> None:
+    """Say in ``summary.json`` that the run in ``run_dir`` was stopped, once its processes are gone (the lock is
+    free): the rows and totals up to its last checkpoint, ``status: interrupted`` and ``why``."""
+    if not (run_dir / SERVER_FILE).is_file():
+        return
+    with run_lock(run_dir):
+        checkpoint = ServerCheckpoint.load(run_dir)
+        recorder = RunRecorder(run_dir, checkpoint.config, resume_after=checkpoint.round)
+        recorder.fail("interrupted", why, {"stopped": "interrupted"})
 
 
 def run_server(

@@ -73,3 +73,20 @@ def read_rows(run_dir: str | Path) -> list[dict[str, Any]]:
 def reply_with(message: Message, content) -> Message:
     """A reply to ``message`` carrying ``content`` (for ClientApp wrappers that tamper with replies)."""
     return Message(content, reply_to=message)
+
+
+def comparable_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Rows without what legitimately differs between two runs (timings, process ids, node ids)."""
+    out = []
+    for r in rows:
+        r = dict(r)
+        r.pop("node", None)
+        r.pop("round_seconds", None)
+        r.pop("aggregate_seconds", None)
+        r["client_metrics"] = {
+            k: v
+            for k, v in r.get("client_metrics", {}).items()
+            if not k.startswith("t-") and k not in ("pid", "model-loaded", "state-rebuilt")
+        }
+        out.append(r)
+    return out

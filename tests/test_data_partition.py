@@ -8,6 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from fedrapp_app.data import DataSpec, label_skew, partition_indices
+from fedrapp_app.data.partition import repair_min_size
 
 
 def balanced_labels(num_classes: int, per_class: int, seed: int = 0) -> np.ndarray:
@@ -78,12 +79,12 @@ def test_minimum_size_impossible_by_count():
         partition_indices(balanced_labels(4, 25), spec(num_clients=6, min_partition_size=20))
 
 
-def test_dirichlet_that_cannot_meet_the_minimum_size():
+def test_dirichlet_that_misses_the_minimum_size_is_repaired():
     # Possible by count (6 x 15 <= 100) but alpha = 0.01 gives each class to one client: a client without
-    # a class has nothing, so the redraws fail and the error says which settings to change.
+    # a class has nothing, so the redraws fail; the repaired draw tops the short clients up.
     labels = balanced_labels(2, 50)
-    with pytest.raises(ValueError, match="could not draw a Dirichlet.*min-partition-size=15"):
-        partition_indices(labels, spec(num_clients=6, dirichlet_alpha=0.01, min_partition_size=15))
+    parts = partition_indices(labels, spec(num_clients=6, dirichlet_alpha=0.01, min_partition_size=15))
+    assert min(len(p) for p in parts) == 15 and sum(len(p) for p in parts) == 100
 
 
 def test_single_client_gets_everything():
@@ -110,3 +111,22 @@ def test_property_disjoint_and_covering(n, classes, clients, partition, alpha, s
             partition_indices(labels, s)
         return
     assert_disjoint_cover(partition_indices(labels, s), n)
+
+
+def test_many_clients_on_a_small_pool_still_get_a_dirichlet_partition_with_the_minimum():
+    # 11 rejection draws miss min-partition-size at this size; the repaired 12th draw meets it.
+    spec = DataSpec(num_clients=300, dirichlet_alpha=0.1, min_partition_size=10, seed=4)
+    labels = np.repeat(np.arange(30), 5120 // 30 + 1)[:5120]
+    parts = partition_indices(labels, spec)
+    assert min(len(p) for p in parts) >= 10
+    assert np.array_equal(np.sort(np.concatenate(parts)), np.arange(len(labels)))  # disjoint, covering
+    assert label_skew(labels, parts) > 0.5  # still strongly label-skewed
+    assert all(np.array_equal(a, b) for a, b in zip(parts, partition_indices(labels, spec), strict=True))
+
+
+def test_the_minimum_size_repair_moves_samples_only_out_of_the_largest_parts():
+    parts = [np.arange(0, 50), np.arange(50, 52), np.arange(52, 60), np.arange(60, 61)]
+    repaired = repair_min_size(parts, minimum=5, seed=0)
+    assert [len(p) for p in repaired] == [43, 5, 8, 5]
+    assert set(np.concatenate(repaired[1:]).tolist()) - set(range(50, 61)) <= set(range(50))
+    assert np.array_equal(np.sort(np.concatenate(repaired)), np.arange(61))

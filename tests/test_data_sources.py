@@ -340,7 +340,7 @@ def test_missing_data_dir_names_the_key_and_how_to_prepare(tmp_path):
         build_source(DataSpec(dataset="dtd", data_dir=str(tmp_path / "nowhere")))
     message = str(info.value)
     assert "data-dir" in message and "split_zhou_DescribableTextures.json" in message
-    assert "source=webdataset" in message
+    assert "data-source='webdataset'" in message
 
 
 def test_ucf101_needs_a_data_dir():

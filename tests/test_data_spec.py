@@ -17,7 +17,7 @@ DOCS = Path(__file__).resolve().parents[1] / "docs" / "datasets.md"
 def test_defaults_are_valid_and_fields_map_to_kebab_keys():
     assert validate_spec(DataSpec()) == DataSpec()
     assert {kebab(f.name) for f in fields(DataSpec)} >= {
-        "dataset", "source", "data-dir", "hf-repo", "hf-split", "hf-image-column", "hf-label-column",
+        "dataset", "data-source", "data-dir", "hf-repo", "hf-split", "hf-image-column", "hf-label-column",
         "num-clients", "partition", "dirichlet-alpha", "min-partition-size", "seed", "batch-size",
         "max-samples-per-client", "testbed-samples", "testbed-domains", "decode-workers",
     }  # fmt: skip

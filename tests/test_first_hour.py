@@ -361,8 +361,9 @@ def test_the_resume_command_names_the_run(tmp_path):
 
     args = argparse.Namespace(app=".", run_config=["strategy=fedavg", "my run.toml"], supernodes=0)
     command = resume_command(args, tmp_path / "out" / "my-run")
-    assert command.startswith("fedrapp-sim . -c strategy=fedavg -c 'my run.toml' -c ")
-    assert "resume=true" in command and 'run-name="my-run"' in command and str(tmp_path / "out") in command
+    out = tmp_path / "out"
+    expected = 'fedrapp-sim . -c strategy=fedavg -c "my run.toml" -c "resume=true run-name=\'my-run\' '
+    assert command == expected + f"output-dir='{out}'\""
 
 
 # ----------------------------------------------------------------------------------- stopping every process

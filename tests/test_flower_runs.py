@@ -7,10 +7,15 @@ Every process these tests start is stopped by its PID (process group) when the t
 from __future__ import annotations
 
 import json
+import os
+import shlex
+import shutil
+import signal
 import subprocess
 import sys
 import tempfile
 import time
+import uuid
 from pathlib import Path
 
 import pytest
@@ -28,11 +33,12 @@ from fedrapp_app.launch import (
     wait_healthy,
     write_connection,
 )
+from fedrapp_app.processes import LAUNCH_ID_ENV, marked_pids, stop_marked
 from fedrapp_app.server import run_server
 from fedrapp_app.testbed import world
 from fedrapp_app.testbed.tiny import make_tiny_clip
 
-from federation import read_rows, small_run
+from federation import comparable_rows, read_rows, small_run
 
 ROOT = Path(__file__).resolve().parent.parent
 pytestmark = pytest.mark.slow
@@ -107,12 +113,104 @@ def test_flwr_run_via_launcher_completes_and_writes_results(testbed_tiny, tmp_pa
 
 
 def test_launcher_reports_a_failed_run_and_refuses_a_bad_config(testbed_tiny, tmp_path):
-    bad_model = small_run(tmp_path / "no-such-model", tmp_path / "out", **{"node-wait-timeout": 60.0})
+    broken = tmp_path / "broken-model"  # a CLIP config.json without weights: it passes the checks, fails to load
+    shutil.copytree(testbed_tiny, broken)
+    for weights in broken.glob("*.safetensors"):
+        weights.unlink()
+    bad_model = small_run(broken, tmp_path / "out", **{"node-wait-timeout": 60.0})
     failed = _fedrapp_sim(["-c", _as_overrides(bad_model)], tmp_path / "flwr-home")
     assert failed.returncode == 1, failed.stdout[-2000:]
-    assert "failed" in failed.stderr
+    assert "the run failed: RuntimeError: no ClientApp could start; all 3 node(s) reported: OSError" in failed.stderr
+    assert "\x1b[" not in failed.stdout + failed.stderr  # no colour codes in redirected output
+    summary = json.loads((tmp_path / "out" / "run" / "summary.json").read_text())
+    assert summary["status"] == "failed" and "OSError" in summary["error"]
     refused = _fedrapp_sim(["-c", "dirichlet-alpha=-1.0"], tmp_path / "flwr-home")
     assert refused.returncode == 2 and "dirichlet-alpha" in refused.stderr
+
+
+def test_plain_flwr_run_with_flowers_default_two_supernodes_completes(testbed_tiny, tmp_path):
+    """`flwr run . --stream` as a Flower user types it: Flower's local SuperLink, its default 2 SuperNodes."""
+    marker = "plain-" + uuid.uuid4().hex
+    env = {**contained_env(tmp_path / "flwr-home"), LAUNCH_ID_ENV: marker}
+    overrides = {k: v for k, v in small_run(testbed_tiny, tmp_path / "out").items() if k != "num-clients"}
+    try:
+        done = subprocess.run(
+            ["flwr", "run", ".", "--stream", "-c", _as_overrides({**overrides, "num-rounds": 0})],
+            cwd=ROOT,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
+        status = run_status(env, tmp_path, "local")
+    finally:
+        stop_marked(marker)  # Flower leaves its local SuperLink running
+    assert status["status"] == "finished:completed", done.stdout[-3000:] + done.stderr[-3000:]
+    summary = json.loads((tmp_path / "out" / "run" / "summary.json").read_text())
+    assert summary["num_clients"] == 2 and summary["complete"] is True and summary["samples"] == 240
+    assert not marked_pids(marker)
+
+
+def _resume_command(stderr: str) -> list[str]:
+    """The command fedrapp-sim printed to continue an interrupted run, runnable from this test."""
+    line = stderr.split("Continue it with:\n", 1)[1].splitlines()[0].strip()
+    words = shlex.split(line)
+    assert words[0] == "fedrapp-sim"
+    return [sys.executable, "-m", "fedrapp_app.launch", *words[1:]]
+
+
+def test_sigint_stops_every_process_of_the_run_and_the_resume_matches_an_uninterrupted_run(testbed_tiny, tmp_path):
+    config = small_run(testbed_tiny, tmp_path / "out", **{"num-rounds": 0, "testbed-samples": 480, "batch-size": 8})
+    whole = _fedrapp_sim(["-c", _as_overrides({**config, "run-name": "whole"})], tmp_path / "flwr-home")
+    assert whole.returncode == 0, whole.stdout[-2000:] + whole.stderr[-2000:]
+
+    marker = "sigint-" + uuid.uuid4().hex
+    args = [sys.executable, "-m", "fedrapp_app.launch", str(ROOT), "--flwr-home", str(tmp_path / "flwr-home")]
+    args += ["-c", _as_overrides({**config, "run-name": "cut"})]
+    cut = subprocess.Popen(
+        args,
+        cwd=tempfile.gettempdir(),
+        env={**os.environ, "FEDRAPP_TEST_MARK": marker},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    rounds = tmp_path / "out" / "cut" / "rounds.jsonl"
+    try:
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline and cut.poll() is None:
+            if rounds.is_file() and len({json.loads(line)["round"] for line in rounds.read_text().splitlines()}) >= 2:
+                break
+            time.sleep(0.2)
+        assert cut.poll() is None, "the run ended before it could be interrupted"
+        second = subprocess.run(args, capture_output=True, text=True, timeout=60)  # a second writer
+        assert second.returncode == 2 and "being written by PID" in second.stderr, second.stderr
+        os.killpg(cut.pid, signal.SIGINT)  # Ctrl-C in a terminal signals the whole foreground group
+        stopped = time.monotonic()
+        _, stderr = cut.communicate(timeout=60)
+        while marked_pids(marker, "FEDRAPP_TEST_MARK") and time.monotonic() - stopped < 15:
+            time.sleep(0.5)
+        assert not marked_pids(marker, "FEDRAPP_TEST_MARK"), "processes of the run outlived Ctrl-C by 15 s"
+    finally:
+        if cut.poll() is None:
+            os.killpg(cut.pid, signal.SIGKILL)
+    assert cut.returncode == 130
+    interrupted = json.loads((tmp_path / "out" / "cut" / "summary.json").read_text())
+    assert interrupted["status"] == "interrupted" and interrupted["complete"] is False
+
+    resumed = subprocess.run(_resume_command(stderr), cwd=tempfile.gettempdir(), capture_output=True, text=True)
+    assert resumed.returncode == 0, resumed.stdout[-2000:] + resumed.stderr[-2000:]
+    assert comparable_rows(read_rows(tmp_path / "out" / "whole")) == comparable_rows(
+        read_rows(tmp_path / "out" / "cut")
+    )
+    first = json.loads((tmp_path / "out" / "whole" / "summary.json").read_text())
+    again = json.loads((tmp_path / "out" / "cut" / "summary.json").read_text())
+    assert (again["micro_accuracy"], again["samples"], again["complete"]) == (
+        first["micro_accuracy"],
+        first["samples"],
+        True,
+    )
 
 
 def test_deployment_on_loopback(testbed_tiny, tmp_path):

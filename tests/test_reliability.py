@@ -22,7 +22,7 @@ from fedrapp_app.strategy import PersonalizedPromptStrategy
 from fedrapp_app.testbed import world
 from fedrapp_app.testbed.tiny import make_tiny_clip
 
-from federation import SpyGrid, read_rows, run_federation, small_run
+from federation import SpyGrid, comparable_rows, read_rows, run_federation, small_run
 
 # ----------------------------------------------------------------------------------- fuzzed uploads
 SHAPES = [(2, 4), (3, 4)]
@@ -202,23 +202,6 @@ def test_a_vanished_node_comes_back_from_the_prompt_it_was_last_sent(testbed_tin
     assert rows[(4, 1)]["client_metrics"]["stream-position"] == 1
 
 
-def _comparable(rows):
-    """Rows without what legitimately differs between two runs (timings, process ids, node ids)."""
-    out = []
-    for r in rows:
-        r = dict(r)
-        r.pop("node", None)
-        r.pop("round_seconds", None)
-        r.pop("aggregate_seconds", None)
-        r["client_metrics"] = {
-            k: v
-            for k, v in r.get("client_metrics", {}).items()
-            if not k.startswith("t-") and k not in ("pid", "model-loaded", "state-rebuilt")
-        }
-        out.append(r)
-    return out
-
-
 class KillAfterPush(SpyGrid):
     """Delivers the messages of round ``kill_round`` (clients compute and save), then 'dies'."""
 
@@ -251,7 +234,7 @@ def test_a_killed_run_resumes_to_the_same_results(testbed_tiny, tmp_path, kill):
     # A new run in new processes: client state comes back from the snapshots, server state from the checkpoint.
     resumed, resumed_grid, _ = run_federation({**cut, "resume": True})
     assert resumed["resumed_after_round"] == 2
-    assert _comparable(read_rows(whole["run_dir"])) == _comparable(read_rows(resumed["run_dir"]))
+    assert comparable_rows(read_rows(whole["run_dir"])) == comparable_rows(read_rows(resumed["run_dir"]))
     assert resumed["micro_accuracy"] == whole["micro_accuracy"] and resumed["samples"] == whole["samples"]
     for key in ((3, 1000), (4, 1001), (4, 1002)):
         assert np.array_equal(resumed_grid.sent[key], whole_grid.sent[key])

@@ -47,6 +47,9 @@ def _iid(labels: np.ndarray, spec: DataSpec) -> list[np.ndarray]:
     return [np.asarray(partitioner.load_partition(i)["index"], dtype=np.int64) for i in range(spec.num_clients)]
 
 
+_REPAIR_KEY = 307  # SeedSequence key of the minimum-size repair (distinct from the other seeded draws)
+
+
 def _dirichlet(labels: np.ndarray, spec: DataSpec) -> list[np.ndarray]:
     from flwr_datasets.partitioner import DirichletPartitioner
 
@@ -62,18 +65,51 @@ def _dirichlet(labels: np.ndarray, spec: DataSpec) -> list[np.ndarray]:
     partitioner.dataset = _labels_dataset(np.arange(len(labels)), labels)
     try:
         with warnings.catch_warnings():
-            # flwr warns on every redraw that misses the minimum size; the outcome is reported below.
+            # flwr warns on every redraw that misses the minimum size; the outcome is handled below.
             warnings.simplefilter("ignore", UserWarning)
             return [np.asarray(partitioner.load_partition(i)["index"], dtype=np.int64) for i in range(spec.num_clients)]
     except ValueError as exc:
         if "attempts" not in str(exc):
             raise
-        raise ValueError(
-            f"could not draw a Dirichlet(dirichlet-alpha={spec.dirichlet_alpha}) partition of {len(labels)} "
-            f"samples over num-clients={spec.num_clients} with at least min-partition-size="
-            f"{spec.min_partition_size} samples each (11 draws with seed={spec.seed}); lower min-partition-size "
-            "or num-clients, or raise dirichlet-alpha"
-        ) from exc
+    # Many clients on a small pool: rejection sampling (11 draws) rarely meets the minimum. Take one more
+    # draw without a minimum and top up the short clients from the largest ones (ours; see repair_min_size).
+    free = DirichletPartitioner(
+        num_partitions=spec.num_clients,
+        partition_by="label",
+        alpha=float(spec.dirichlet_alpha),
+        min_partition_size=0,
+        self_balancing=False,
+        shuffle=True,
+        seed=spec.seed,
+    )
+    free.dataset = _labels_dataset(np.arange(len(labels)), labels)
+    parts = [np.asarray(free.load_partition(i)["index"], dtype=np.int64) for i in range(spec.num_clients)]
+    return repair_min_size(parts, spec.min_partition_size, spec.seed)
+
+
+def repair_min_size(parts: list[np.ndarray], minimum: int, seed: int) -> list[np.ndarray]:
+    """Give every part at least ``minimum`` samples by moving samples out of the largest parts (ours).
+
+    Short parts are filled in client order; each takes what it lacks from the currently largest part (never
+    below ``minimum``), a seeded random choice of that part's samples. Few samples move (at most
+    ``minimum`` per short client) and only out of the largest parts, so the label skew of the draw stays.
+    Needs ``len(parts) * minimum <= total`` (checked before partitioning).
+    """
+    rng = np.random.default_rng(np.random.SeedSequence([seed, _REPAIR_KEY]))
+    parts = [np.asarray(p, dtype=np.int64) for p in parts]
+    for short in range(len(parts)):
+        while len(parts[short]) < minimum:
+            donor = int(np.argmax([len(p) for p in parts]))
+            spare = len(parts[donor]) - minimum
+            if donor == short or spare <= 0:
+                raise ValueError(f"cannot give {len(parts)} clients {minimum} samples each")
+            take = min(minimum - len(parts[short]), spare)
+            moved = rng.choice(len(parts[donor]), size=take, replace=False)
+            keep = np.ones(len(parts[donor]), dtype=bool)
+            keep[moved] = False
+            parts[short] = np.concatenate([parts[short], parts[donor][moved]])
+            parts[donor] = parts[donor][keep]
+    return parts
 
 
 def partition_indices(labels: np.ndarray, spec: DataSpec) -> list[np.ndarray]:

@@ -45,9 +45,13 @@ class DataSpec:
     decode_workers: int = 4  # threads decoding a batch (0 = decode in the caller)
 
 
+#: Fields whose run-config key is not simply the field name in kebab case.
+_RUN_CONFIG_KEYS = {"source": "data-source"}
+
+
 def kebab(field_name: str) -> str:
-    """``"dirichlet_alpha"`` -> ``"dirichlet-alpha"`` (the run-config key of a field)."""
-    return field_name.replace("_", "-")
+    """The run-config key of a field: ``dirichlet_alpha`` -> ``dirichlet-alpha``, ``source`` -> ``data-source``."""
+    return _RUN_CONFIG_KEYS.get(field_name, field_name.replace("_", "-"))
 
 
 def _bad(field_name: str, value: Any, allowed: str) -> ValueError:

@@ -33,11 +33,12 @@ __all__ = [
 def detect_layout(path: Path, preset: DatasetPreset, split: str) -> str:
     """The source kind of a local folder: ``coop``, ``hf``, ``webdataset`` or ``imagefolder``."""
     if not path.exists():
-        download = [f"or set source=webdataset to download {preset.hub_repo} into {path}"] if preset.hub_repo else []
+        fetch = f"or set data-source='webdataset' to fetch {preset.hub_repo} into {path}"
+        download = [fetch] if preset.hub_repo else []
         raise unavailable(
             preset.title, f"reading the local folder {path}",
             fix=[f"point data-dir at the prepared dataset ({path} does not exist)", *preset.prepare, *download],
-            keys=("data-dir", "source"),
+            keys=("data-dir", "data-source"),
         )  # fmt: skip
     if path.is_dir() and is_coop_folder(coop_root(path, preset), preset):
         return "coop"
@@ -52,7 +53,7 @@ def detect_layout(path: Path, preset: DatasetPreset, split: str) -> str:
         fix=["expected one of: CoOp's layout (split_zhou_*.json + images), a saved Hugging Face dataset "
              "(dataset_info.json) or parquet files, a webdataset (<split>/*.tar + classnames.txt), "
              "or an image folder (<class>/<image>)", *preset.prepare],
-        keys=("data-dir", "source"),
+        keys=("data-dir", "data-source"),
     )  # fmt: skip
 
 

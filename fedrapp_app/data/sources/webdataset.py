@@ -182,6 +182,6 @@ def fetch_webdataset(repo: str, split: str, local_dir: str | None, *, what: str)
                  f"--include '{split}/*' --include {CLASSNAMES_FILE} --local-dir <folder>, "
                  "then set data-dir=<folder>",
                  f"or make the Hub reachable (the download goes to {target})"],
-            keys=("data-dir", "hf-repo", "source"),
+            keys=("data-dir", "hf-repo", "data-source"),
             cause=exc,
         ) from exc  # fmt: skip
