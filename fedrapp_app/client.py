@@ -14,6 +14,7 @@ import functools
 import logging
 import os
 import socket
+import sys
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -279,7 +280,9 @@ def train(msg: Message, context: Context) -> Message:
         "stream-position": position,
         "skipped": len(batch.skipped),
     }
-    notes = ConfigRecord({"skipped-samples": [str(s) for s in batch.skipped]}) if batch.skipped else None
+    notes = ConfigRecord(
+        {**placement(), **({"skipped-samples": [str(s) for s in batch.skipped]} if batch.skipped else {})}
+    )
     if not batch.labels.size:  # nothing decodable: the batch is consumed and reported, nothing is adapted
         _advance(context, client, round_config, position, method_state)
         return Message(_reply(None, {**base, "skipped-batch": 1}, notes), reply_to=msg)
@@ -334,14 +337,21 @@ def _advance(
     context.state[STREAM_STATE] = ConfigRecord({"position": position + 1})
 
 
-def _reply(prompt: ArrayRecord | None, metrics: dict[str, Any], notes: ConfigRecord | None) -> RecordDict:
-    """A train reply: the prompt (absent for a skipped batch), the metrics and, if any, the notes."""
-    records: dict[str, Any] = {METRICS: MetricRecord(metrics)}
+def _reply(prompt: ArrayRecord | None, metrics: dict[str, Any], notes: ConfigRecord) -> RecordDict:
+    """A train reply: the prompt (absent for a skipped batch), the metrics and the notes."""
+    records: dict[str, Any] = {METRICS: MetricRecord(metrics), NOTES: notes}
     if prompt is not None:
         records[PROMPT] = prompt
-    if notes is not None:
-        records[NOTES] = notes
     return RecordDict(records)
+
+
+def placement() -> dict[str, str]:
+    """Where this client ran, for the results: the host and, in Ray's simulation engine, the Ray node id."""
+    where = {"host": socket.gethostname()}
+    ray = sys.modules.get("ray")  # only inside a Ray worker is Ray imported (and initialised): no import here
+    if ray is not None and ray.is_initialized():
+        where["ray-node"] = ray.get_runtime_context().get_node_id()
+    return where
 
 
 __all__ = ["app", "client_id_of", "setup", "step_generator", "CONFIG"]

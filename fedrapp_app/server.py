@@ -45,6 +45,7 @@ def _row(row: ClientRow, report: RoundReport) -> dict[str, Any]:
         out["reason"] = row.reason
     if row.skipped:
         out.update(skipped=len(row.skipped), skipped_samples=row.skipped)
+    out.update({key.replace("-", "_"): value for key, value in row.where.items()})
     if row.upload is None:
         return out
     u, c = row.upload, row.client_id

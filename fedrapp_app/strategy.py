@@ -94,6 +94,7 @@ class ClientRow:
     reason: str = ""
     upload: Upload | None = None
     skipped: list[str] = field(default_factory=list)  # undecodable samples of its batch ("name: reason")
+    where: dict[str, str] = field(default_factory=dict)  # where the client ran: host, ray-node
 
 
 @dataclass
@@ -145,11 +146,15 @@ def no_client_started(failed: dict[int, str]) -> str:
     return "no ClientApp could start; the nodes reported:\n" + "\n".join(lines)
 
 
-def _notes(content: RecordDict) -> list[str]:
-    """The undecodable samples a reply's notes name (reporting only; never read by the rule)."""
+def _notes(content: RecordDict) -> tuple[list[str], dict[str, str]]:
+    """What a reply's notes say, for the results only (never read by the rule): the undecodable samples of
+    the batch, and where the client ran (``host``, ``ray-node``)."""
     notes = content.config_records.get(NOTES)
-    value = None if notes is None else notes.get("skipped-samples")
-    return [str(v) for v in value] if isinstance(value, list) else []
+    if notes is None:
+        return [], {}
+    skipped = notes.get("skipped-samples")
+    where = {k: str(notes[k]) for k in ("host", "ray-node") if isinstance(notes.get(k), str)}
+    return ([str(v) for v in skipped] if isinstance(skipped, list) else []), where
 
 
 class PersonalizedPromptStrategy(Strategy):
@@ -409,7 +414,7 @@ class PersonalizedPromptStrategy(Strategy):
             return ClientRow(client, node, status, reason)
         content = reply.content
         metrics = content.metric_records.get(METRICS)
-        skipped = _notes(content)
+        skipped, where = _notes(content)
         if metrics is not None and PROMPT not in content.array_records:
             if metrics.get("exhausted", 0) == 1:
                 self.state.exhausted[client] = True
@@ -419,7 +424,7 @@ class PersonalizedPromptStrategy(Strategy):
                 if metrics.get("remaining-batches", 1) == 0:
                     self.state.exhausted[client] = True
                 why = f"no sample of the batch could be decoded ({len(skipped)} skipped)"
-                return ClientRow(client, node, "skipped", why, skipped=skipped)
+                return ClientRow(client, node, "skipped", why, skipped=skipped, where=where)
         self._note_position(client, metrics)
         try:
             upload = parse_train_reply(content, client, self.shapes, max_norm)
@@ -428,7 +433,7 @@ class PersonalizedPromptStrategy(Strategy):
             return ClientRow(client, node, "rejected", str(err))
         if upload.report.get("remaining-batches", 1) == 0:
             self.state.exhausted[client] = True
-        return ClientRow(client, node, "ok", upload=upload, skipped=skipped)
+        return ClientRow(client, node, "ok", upload=upload, skipped=skipped, where=where)
 
     def _note_position(self, client: int, metrics: MetricRecord | None) -> None:
         """Remember where the client's stream stands (its batch was consumed even if the upload is bad)."""
