@@ -37,6 +37,12 @@ def domains() -> list[tuple[str, int]]:
     return [(CLEAN, 0), *((str(name), int(severity)) for name, severity in DEFAULT_DOMAINS)]
 
 
+def zero_shot_predictions(pclip: PromptedCLIP, pixels: torch.Tensor) -> np.ndarray:
+    """Hand-prompt predictions of Tensor[N, 3, H, W] as an int64 array [N] (read back from the model's device)."""
+    logits = pclip.logits(pclip.image_features(pixels), pclip.hard_prompt_features().unsqueeze(0))
+    return logits.argmax(-1).cpu().numpy()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="testbed")
@@ -59,8 +65,7 @@ def main() -> None:
         predictions = {}
         for precision, pclip in clips.items():
             pixels = pixel_values(pclip, stream.images)
-            logits = pclip.logits(pclip.image_features(pixels), pclip.hard_prompt_features().unsqueeze(0))
-            predictions[precision] = logits.argmax(-1).numpy()
+            predictions[precision] = zero_shot_predictions(pclip, pixels)
             row[f"zeroshot_{precision}"] = float((predictions[precision] == stream.labels).mean())
             for method in args.methods:
                 if method != "zeroshot":

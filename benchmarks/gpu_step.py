@@ -7,8 +7,8 @@
 No download: a random-weight CLIP with the ViT-B/16 sizes (speed does not depend on the weights) and
 random 240 x 320 images. Every local method takes one step on a batch of 64 (TPT with 63 augmented views +
 the original per image, i.e. 4096 tower passes per step) under bf16 autocast (``precision = "bf16"``, the
-run config's GPU setting); each method is timed over ``--repeats`` steps after a warm-up (median, with
-``torch.cuda.synchronize``). Reported:
+run config's GPU setting; ``--precision fp32`` is IEEE float32, TF32 off, as in the app); each method is timed
+over ``--repeats`` steps after a warm-up (median, with ``torch.cuda.synchronize``). Reported:
 
 * images/s per method (batch / median step time);
 * the image tower's achieved TFLOP/s on a batch of ``--tower-batch`` images: the analytic FLOPs of a
@@ -37,7 +37,8 @@ from PIL import Image
 from torch.utils.flop_counter import FlopCounterMode
 
 from fedrapp_app.engine import PromptedCLIP
-from fedrapp_app.methods import make_method
+from fedrapp_app.engine.devices import describe_device, disable_tf32, set_deterministic
+from fedrapp_app.methods import Adaptation, make_method
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from vitb16 import CALTECH101, vit_b16  # noqa: E402
@@ -106,8 +107,9 @@ def tower_throughput(pclip: PromptedCLIP, batch: int, repeats: int) -> dict[str,
     }
 
 
-def method_step(name: str, pclip: PromptedCLIP, pixels: torch.Tensor, views: int, repeats: int) -> dict[str, float]:
-    """Median step time, images/s and peak memory of one local method on ``pixels``."""
+def step_function(name: str, pclip: PromptedCLIP, pixels: torch.Tensor, views: int) -> Callable[[], Adaptation]:
+    """One local step of method ``name`` on ``pixels`` from its initial prompt, as a function (a fresh method
+    each call; AdaPrompt with a full buffer from the first batch, so the step updates)."""
     params = (
         {"n_views": views}
         if name.startswith("tpt")
@@ -115,9 +117,15 @@ def method_step(name: str, pclip: PromptedCLIP, pixels: torch.Tensor, views: int
     )
     prompt = make_method(name, **params).initial_prompt(pclip)
 
-    def step() -> None:
-        make_method(name, **params).adapt(pclip, prompt, pixels, torch.Generator().manual_seed(0))
+    def step() -> Adaptation:
+        return make_method(name, **params).adapt(pclip, prompt, pixels, torch.Generator().manual_seed(0))
 
+    return step
+
+
+def method_step(name: str, pclip: PromptedCLIP, pixels: torch.Tensor, views: int, repeats: int) -> dict[str, float]:
+    """Median step time, images/s and peak memory of one local method on ``pixels``."""
+    step = step_function(name, pclip, pixels, views)
     device = pclip.device
     if device.type == "cuda":
         step()  # warm-up outside the peak window: cuBLAS workspaces and caches are not per-step memory
@@ -147,6 +155,9 @@ def main() -> None:
     parser.add_argument("--tower-batch", type=int, default=256)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--methods", nargs="+", default=list(METHODS), choices=METHODS)
+    parser.add_argument(
+        "--deterministic", action="store_true", help="deterministic kernels (the run config's deterministic switch)"
+    )
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args()
     if args.tiny:
@@ -158,7 +169,8 @@ def main() -> None:
         parser.error("the full-size benchmark is for a GPU; on the CPU use benchmarks/client_step.py (or --tiny)")
     if device.type == "cpu" and args.precision == "fp16":
         parser.error("fp16 autocast needs a GPU; use bf16 or fp32 on the CPU")
-    torch.backends.cuda.matmul.allow_tf32 = True  # fp32 runs (if asked) use TF32 as any GPU deployment would
+    disable_tf32()  # the app's policy (load_clip does the same): fp32 is IEEE float32, bf16 is the fast setting
+    set_deterministic(args.deterministic)
     started = time.perf_counter()
     classnames = CALTECH101[: args.classes]
     clip = vit_b16(classnames, tiny=args.tiny, device=str(device), precision=args.precision)
@@ -168,9 +180,10 @@ def main() -> None:
     pixels = pclip.preprocess(
         [Image.fromarray(rng.integers(0, 256, (240, 320, 3), dtype=np.uint8)) for _ in range(args.batch)]
     ).to(device)
-    name = torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or "cpu"
+    name = describe_device(device) if device.type == "cuda" else platform.processor() or "cpu"
     print(
-        f"{name}, torch {torch.__version__}, CUDA {torch.version.cuda}, {args.precision} autocast, "
+        f"{name}, torch {torch.__version__}, CUDA {torch.version.cuda}, {args.precision} autocast"
+        f"{', deterministic kernels' if args.deterministic else ''}, "
         f"{'tiny CLIP' if args.tiny else 'ViT-B/16 (random weights)'}, {len(classnames)} classes, "
         f"batch {args.batch}, TPT 1 + {args.views} views; model weights {weights_gib:.2f} GiB (fp32)",
         flush=True,
@@ -201,6 +214,7 @@ def main() -> None:
                     "torch": torch.__version__,
                     "cuda": torch.version.cuda,
                     "precision": args.precision,
+                    "deterministic": args.deterministic,
                     "tiny": args.tiny,
                     "classes": len(classnames),
                     "batch": args.batch,

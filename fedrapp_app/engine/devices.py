@@ -40,26 +40,6 @@ def parse_device(device: str) -> tuple[str, int | None]:
     return match.group(1), None if index is None else int(index)
 
 
-def visible_gpu_count(cuda_visible_devices: str | None, physical_count: int) -> int:
-    """GPUs a process sees: ``physical_count`` restricted by ``CUDA_VISIBLE_DEVICES`` (None = not set).
-
-    CUDA stops reading the list at its first invalid entry (``"-1"`` or ``""`` hide every GPU), and an
-    entry beyond the host's GPUs is invalid too. Entries may be indices or ``GPU-``/``MIG-`` UUIDs.
-    """
-    if physical_count < 0:
-        raise ValueError(f"physical_count must be >= 0, got {physical_count}")
-    if cuda_visible_devices is None:
-        return physical_count
-    count = 0
-    for entry in cuda_visible_devices.split(","):
-        entry = entry.strip()
-        valid = int(entry) < physical_count if entry.isdigit() else entry.startswith(("GPU-", "MIG-"))
-        if not valid or count >= physical_count:
-            break
-        count += 1
-    return count
-
-
 def device_for_node(run_config_device: str, node_config: Mapping[str, object]) -> str:
     """The device setting of one client: the node config's ``device`` when present, else the run config's.
 

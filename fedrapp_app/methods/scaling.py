@@ -43,7 +43,7 @@ class LossScaler:
         self.scale = float(init_scale)
         self.growth_interval = growth_interval
         self.clean_steps = 0  # consecutive finite backward passes at the current scale
-        self.retries = 0  # backward passes redone after an overflow (this object's lifetime)
+        self.retries = 0  # backward passes redone after an overflow (a scaler serves one step)
         self.skipped = 0  # steps without a finite gradient at any scale
 
     def backward(self, loss: Tensor, params: Sequence[Tensor]) -> bool:

@@ -78,7 +78,7 @@ def pixel_values(pclip: PromptedCLIP, images: np.ndarray) -> torch.Tensor:
 def zero_shot_accuracy(pclip: PromptedCLIP, pixels: torch.Tensor, labels: np.ndarray) -> float:
     """Top-1 accuracy of the hand prompt ``pclip.template``."""
     logits = pclip.logits(pclip.image_features(pixels), pclip.hard_prompt_features().unsqueeze(0))
-    return float((logits.argmax(-1).numpy() == labels).mean())
+    return float((logits.argmax(-1).cpu().numpy() == labels).mean())  # .cpu(): the model may be on a GPU
 
 
 def frozen_init_accuracy(pclip: PromptedCLIP, method_name: str, params: dict, pixels, labels) -> float:
@@ -87,7 +87,7 @@ def frozen_init_accuracy(pclip: PromptedCLIP, method_name: str, params: dict, pi
     with torch.no_grad():
         text = pclip.text_features(method.initial_prompt(pclip))
     logits = pclip.logits(pclip.image_features(pixels), text)
-    return float((logits.argmax(-1).numpy() == labels).mean())
+    return float((logits.argmax(-1).cpu().numpy() == labels).mean())
 
 
 def online_accuracy(
