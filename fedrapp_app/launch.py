@@ -284,8 +284,31 @@ def _parser() -> argparse.ArgumentParser:
         default=0.0,
         help="GPU share per simulated client, e.g. 0.25 puts four clients on one GPU",
     )
+    parser.add_argument(
+        "--ray-address",
+        default="",
+        metavar="HOST:PORT",
+        help="run the simulation on an existing Ray cluster (its head's address, as `ray start --head` prints it; "
+        "every Ray node needs this package installed at the same paths). Default: a local Ray, stopped with the run",
+    )
     parser.add_argument("--flwr-home", default=None, help="Flower's home (default: <app>/.flwr-home)")
     return parser
+
+
+def check_ray_address(address: str, timeout: float = 3.0) -> None:
+    """``ConfigError`` unless ``address`` (``HOST:PORT`` of a Ray head's GCS) accepts a TCP connection."""
+    host, _, port = address.rpartition(":")
+    if not host or not port.isdigit():
+        raise ConfigError(f"--ray-address {address!r}: expected HOST:PORT of the Ray head, e.g. 10.0.0.1:6379")
+    try:
+        with socket.create_connection((host, int(port)), timeout=timeout):
+            return
+    except OSError as err:
+        raise ConfigError(
+            f"--ray-address {address}: the Ray head does not answer ({type(err).__name__}: {err}). Start it with "
+            f"`ray start --head --port={port}` on {host} (and `ray start --address={address}` on the other nodes), "
+            "or drop --ray-address to run a local Ray"
+        ) from None
 
 
 def prepare(args: argparse.Namespace, app_dir: Path) -> tuple[dict, RunConfig, Path]:
@@ -300,6 +323,8 @@ def prepare(args: argparse.Namespace, app_dir: Path) -> tuple[dict, RunConfig, P
 
     values = app_overrides(app_dir, args.run_config)
     config = RunConfig.from_run_config(values)
+    if args.ray_address:
+        check_ray_address(args.ray_address)
     supernodes = args.supernodes or config.num_clients or DEFAULT_SUPERNODES
     if config.num_clients and config.num_clients != supernodes:
         raise ConfigError(
@@ -351,6 +376,10 @@ def launch(args: argparse.Namespace, app_dir: Path, values: dict, config: RunCon
     launch_id = uuid.uuid4().hex
     env = contained_env(Path(args.flwr_home or app_dir / ".flwr-home").resolve())
     env.update({LAUNCH_ID_ENV: launch_id, LAUNCHER_PID_ENV: str(os.getpid())})
+    if args.ray_address:  # Flower's Ray backend calls ray.init(), which joins the cluster named here
+        env["RAY_ADDRESS"] = args.ray_address
+    else:
+        env.pop("RAY_ADDRESS", None)
     Path(env["FLWR_HOME"]).mkdir(parents=True, exist_ok=True)
     port = free_port()
     neutral = Path(tempfile.mkdtemp(prefix="fedrapp-superlink-"))
@@ -378,8 +407,9 @@ def launch(args: argparse.Namespace, app_dir: Path, values: dict, config: RunCon
         merged = {**values, **forced}
         command = ["flwr", "run", str(app_dir), CONNECTION, "--stream", "--federation-config", federation]
         command += ["-c", " ".join(f"{k}={toml_value(v)}" for k, v in merged.items())]
+        cluster = f" on the Ray cluster at {args.ray_address}" if args.ray_address else ""
         print(
-            f"fedrapp-sim: {config.num_clients} clients on {config.num_clients} simulated SuperNodes; "
+            f"fedrapp-sim: {config.num_clients} clients on {config.num_clients} simulated SuperNodes{cluster}; "
             f"SuperLink pid {superlink.pid} on 127.0.0.1:{port} (log {log_path}); results in {run_dir}",
             flush=True,
         )

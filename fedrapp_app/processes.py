@@ -41,22 +41,22 @@ def _signal_all(pids: list[int], sig: int) -> None:
             os.kill(pid, sig)
 
 
-def stop_marked(launch_id: str, grace: float = 5.0) -> list[int]:
-    """Stop every process marked with ``launch_id``: SIGTERM, up to ``grace`` seconds, then SIGKILL.
+def stop_marked(launch_id: str, grace: float = 5.0, variable: str = LAUNCH_ID_ENV) -> list[int]:
+    """Stop every process marked with ``variable=launch_id``: SIGTERM, up to ``grace`` seconds, then SIGKILL.
 
     Returns the PIDs that had to be killed with SIGKILL. Zombies (exited, not yet reaped by their parent)
     count as stopped.
     """
-    pids = marked_pids(launch_id)
+    pids = marked_pids(launch_id, variable)
     _signal_all(pids, signal.SIGTERM)
     deadline = time.monotonic() + grace
     while pids and time.monotonic() < deadline:
         time.sleep(0.2)
-        pids = marked_pids(launch_id)
+        pids = marked_pids(launch_id, variable)
     killed = list(pids)
     deadline = time.monotonic() + grace
     while pids and time.monotonic() < deadline:  # a process spawned meanwhile is caught by the next scan
         _signal_all(pids, signal.SIGKILL)
         time.sleep(0.2)
-        pids = marked_pids(launch_id)
+        pids = marked_pids(launch_id, variable)
     return killed

@@ -382,3 +382,12 @@ def test_every_marked_process_is_stopped_even_one_that_ignores_sigterm():
     killed = stop_marked(launch, grace=1.0)
     assert killed == [children[0].pid]
     assert all(c.wait(timeout=5) is not None for c in children) and not marked_pids(launch)
+
+
+def test_a_ray_address_that_does_not_answer_is_refused_at_once():
+    from fedrapp_app.launch import check_ray_address, free_port
+
+    with pytest.raises(ConfigError, match="does not answer.*ray start --head"):
+        check_ray_address(f"127.0.0.1:{free_port()}")
+    with pytest.raises(ConfigError, match="HOST:PORT"):
+        check_ray_address("my-cluster")

@@ -278,3 +278,27 @@ def test_deployment_on_loopback(testbed_tiny, tmp_path):
         for process in reversed(processes):
             stop_process_group(process)
     assert all(p.poll() is not None for p in processes)
+
+
+def test_simulation_on_an_existing_ray_cluster_places_clients_on_both_nodes(testbed_tiny, tmp_path):
+    """A Ray head and a second Ray node on this machine; fedrapp-sim --ray-address runs the clients on both."""
+    marker = "ray-cluster-" + uuid.uuid4().hex
+    ray_tmp = tempfile.mkdtemp(prefix="fr-ray-")  # short: Ray's socket paths must fit in 107 bytes
+    env = {**os.environ, "FEDRAPP_TEST_MARK": marker, "RAY_TMPDIR": ray_tmp}
+    port = free_port()
+    ray = [sys.executable, "-m", "ray.scripts.scripts", "start", "--num-cpus=1", "--disable-usage-stats"]
+    try:
+        subprocess.run([*ray, "--head", f"--port={port}", "--include-dashboard=false"], env=env, check=True,
+                       capture_output=True, timeout=120)  # fmt: skip
+        subprocess.run([*ray, f"--address=127.0.0.1:{port}"], env=env, check=True, capture_output=True, timeout=120)
+        config = small_run(testbed_tiny, tmp_path / "out", **{"num-clients": 4, "testbed-samples": 256})
+        done = _fedrapp_sim(["--ray-address", f"127.0.0.1:{port}", "-c", _as_overrides(config)], tmp_path / "flwr-home")
+        assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+        rows = read_rows(tmp_path / "out" / "run")
+        placed = {r["ray_node"] for r in rows if r["status"] == "ok"}
+        assert len(placed) == 2, placed  # both Ray nodes served clients
+        assert marked_pids(marker, "FEDRAPP_TEST_MARK"), "fedrapp-sim must not stop the user's Ray cluster"
+    finally:
+        stop_marked(marker, grace=5.0, variable="FEDRAPP_TEST_MARK")
+        shutil.rmtree(ray_tmp, ignore_errors=True)
+    assert not marked_pids(marker, "FEDRAPP_TEST_MARK")
