@@ -360,6 +360,9 @@ def main(argv: list[str] | None = None) -> int:
     except (ConfigError, PreflightError, RunFolderBusy, FileNotFoundError, OSError) as err:
         print(f"fedrapp-sim: {err}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        print("\nfedrapp-sim: interrupted before the start; nothing ran", file=sys.stderr)
+        return 130
     if config["resume"]:
         done = finished_already(run_dir, config)
         if done is not None:

@@ -134,6 +134,10 @@ def unscored_samples(
     return complete, unscored
 
 
+#: The keys of a row that ``unscored_samples`` reads.
+_OUTCOME_KEYS = ("round", "client", "status", "reason", "num_examples", "skipped")
+
+
 class RunRecorder:
     """Writes the per-round rows and the summary of one run into ``run_dir``."""
 
@@ -170,7 +174,8 @@ class RunRecorder:
         self.rounds = resume_after or 0
 
     def _count(self, rows: list[dict[str, Any]]) -> None:
-        self.rows.extend(rows)
+        # What the summary needs of each row, not the row: peer weights and metrics would grow with the run.
+        self.rows.extend({k: r[k] for k in _OUTCOME_KEYS if k in r} for r in rows)
         for r in rows:
             self.skipped[r["client"]] += int(r.get("skipped", 0) or 0)
             if r["status"] == "ok":
@@ -178,17 +183,16 @@ class RunRecorder:
                 self.correct_before[r["client"]] += r["correct_before"]
                 self.seen[r["client"]] += r["num_examples"]
 
-    def record_round(self, round_number: int, rows: list[dict[str, Any]], seconds: float, server_seconds: float) -> str:
+    def record_round(
+        self, round_number: int, rows: list[dict[str, Any]], seconds: float, timing: dict[str, float] | None = None
+    ) -> str:
         """Append one round's client rows (dicts) and return its progress line.
 
-        Each row also gets the round's wall time (``round_seconds``) and the server rule's time
-        (``aggregate_seconds``). The round's rows go out in one write, so a killed writer cuts at most the
-        last line (dropped on resume).
+        Each row also gets the round's wall time (``round_seconds``) and ``timing`` (the server's own time,
+        ``server_seconds``, of which the rule's, ``aggregate_seconds``). The round's rows go out in one write,
+        so a killed writer cuts at most the last line (dropped on resume).
         """
-        rows = [
-            {"round": round_number, **row, "round_seconds": seconds, "aggregate_seconds": server_seconds}
-            for row in rows
-        ]
+        rows = [{"round": round_number, **row, "round_seconds": seconds, **(timing or {})} for row in rows]
         with self.rounds_path.open("a") as f:
             f.write("".join(json.dumps(row, default=_json_default) + "\n" for row in rows))
         self._count(rows)

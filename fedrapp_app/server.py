@@ -14,6 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Context
 from flwr.serverapp import Grid, ServerApp
 
@@ -36,6 +37,23 @@ def run_dir_of(config: RunConfig, start: float | None = None) -> Path:
     if not config["run-name"]:
         name += time.strftime("-%Y%m%d-%H%M%S", time.localtime(start or time.time()))
     return (Path(str(config["output-dir"])).expanduser() / name).resolve()
+
+
+#: Peers a row keeps by weight: a federation of N clients would write N² weights per round otherwise.
+MAX_ROW_PEERS = 32
+
+
+def top_peers(weights: np.ndarray, k: int = MAX_ROW_PEERS) -> tuple[dict[int, float], float]:
+    """The ``k`` largest positive weights of a row of the peer-weight matrix [N] as ``{peer: weight}``, and the
+    weight of the positive ones left out (0 when none is)."""
+    positive = np.flatnonzero(weights > 0)
+    if len(positive) > k:
+        kept = positive[np.argpartition(weights[positive], -k)[-k:]]
+        kept.sort()
+    else:
+        kept = positive
+    rest = float(weights[positive].sum() - weights[kept].sum()) if len(positive) > k else 0.0
+    return {int(j): float(weights[j]) for j in kept}, rest
 
 
 def _row(row: ClientRow, report: RoundReport) -> dict[str, Any]:
@@ -62,7 +80,7 @@ def _row(row: ClientRow, report: RoundReport) -> dict[str, Any]:
     out["acc_before"] = out["correct_before"] / u.num_examples
     if report.output is not None:
         d = report.output.diagnostics
-        peers = {int(j): float(w) for j, w in enumerate(d.peer_weights[c]) if w > 0}
+        peers, rest = top_peers(d.peer_weights[c])
         out.update(
             update_norm=float(d.update_norm[c]),
             informative=bool(d.informative[c]),
@@ -71,6 +89,8 @@ def _row(row: ClientRow, report: RoundReport) -> dict[str, Any]:
             gamma=float(d.gamma[c]),
             peer_weights=peers,
         )
+        if rest > 0:
+            out["peer_weights_rest"] = rest
     out["client_metrics"] = report_metrics
     return out
 
@@ -185,10 +205,13 @@ def _run_rounds(
     )
     strategy.summary()
     log.info("results go to %s", recorder.run_dir)
+    discovery = time.perf_counter()
     strategy.connect(grid)
+    discovery = time.perf_counter() - discovery
     if checkpoint is not None:
         strategy.restore(checkpoint)
     setup_seconds = time.time() - start
+    checkpoint_seconds = 0.0
 
     max_rounds = int(config["num-rounds"]) or None
     round_number, idle = strategy.state.round, 0
@@ -200,12 +223,17 @@ def _run_rounds(
             stopped = "no client available"
             log.warning("round %d: no client available; stopping", round_number)
             break
+        waited = time.monotonic()
         replies = grid.send_and_receive(messages, timeout=float(config["round-timeout"]))
+        waited = time.monotonic() - waited
         strategy.aggregate_train(round_number, replies)
         report = strategy.last_report
         rows = [_row(r, report) for r in report.rows]
-        log.info(recorder.record_round(round_number, rows, report.seconds, report.aggregate_seconds))
+        timing = {"server_seconds": report.seconds - waited, "aggregate_seconds": report.aggregate_seconds}
+        log.info(recorder.record_round(round_number, rows, report.seconds, timing))
+        saved = time.perf_counter()
         strategy.checkpoint(token, dict(config.values)).save(recorder.run_dir)
+        checkpoint_seconds += time.perf_counter() - saved
         if on_round is not None:
             on_round(round_number, strategy)
         idle = 0 if any(r.status in ("ok", "exhausted", "skipped") for r in report.rows) else idle + 1
@@ -230,6 +258,8 @@ def _run_rounds(
             "unscored": unscored,
             "num_clients": config.num_clients,
             "setup_seconds": setup_seconds,
+            "discovery_seconds": discovery,
+            "checkpoint_seconds": checkpoint_seconds,
         }
     )
     log.info(

@@ -83,6 +83,7 @@ def comparable_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
         r.pop("node", None)
         r.pop("round_seconds", None)
         r.pop("aggregate_seconds", None)
+        r.pop("server_seconds", None)
         r["client_metrics"] = {
             k: v
             for k, v in r.get("client_metrics", {}).items()
