@@ -1,0 +1,261 @@
+"""The executor's warm workers: one per (run, FAB hash), forked from a preloaded server, replaced when they die.
+
+A worker process is forked from a multiprocessing forkserver that has imported the heavy libraries once
+(``preload``), so a new run's worker starts in a fraction of a second and loads only the app and its model.
+It then serves every task of its run (``worker``). At most ``max_workers`` workers live at once; an idle
+one is stopped after ``idle_timeout`` seconds, or to make room for a new run's worker (least recently used
+first), so a finished run's model does not hold memory forever.
+
+A worker that dies is noticed by its process sentinel. If it held a task: not yet activated, the task goes
+to a fresh worker (once); activated, the executor answers it as crashed (``recovery``). Either way the next
+task of that run gets a new worker: the node, the executor and the other workers go on.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import multiprocessing
+import multiprocessing.forkserver
+import os
+import signal
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from logging import INFO, WARNING
+from multiprocessing.connection import Connection, wait
+from multiprocessing.process import BaseProcess
+
+from flwr.supercore import log
+
+from fedrapp_app.deploy.protocol import Activated, Done, Pulled, Ready, TaskSpec
+from fedrapp_app.deploy.recovery import answer_orphaned_task
+from fedrapp_app.deploy.worker import worker_main
+
+#: Imported once by the worker server: the libraries every round needs (see ``preload``).
+DEFAULT_PRELOAD = ("fedrapp_app.deploy.preload",)
+#: How many times a task that no worker activated is handed to a fresh worker.
+MAX_RESUBMITS = 1
+
+
+@dataclass
+class TaskRecord:
+    """What the pool reports for every task it ended (``on_done``)."""
+
+    spec: TaskSpec
+    done: Done
+    worker_pid: int
+    worker_tasks: int  # tasks this worker has served, this one included (1 = its first: it loaded the app)
+    dispatched_at: float  # time.time() when the task was sent to the worker
+    ended_at: float  # time.time() when the pool learned the outcome
+
+
+@dataclass
+class _Worker:
+    key: tuple[int, str]
+    process: BaseProcess
+    conn: Connection
+    last_used: float
+    task: TaskSpec | None = None
+    progress: Activated | Pulled | None = None
+    dispatched_at: float = 0.0
+    served: int = 0
+    resubmits: dict[int, int] = field(default_factory=dict)
+
+    @property
+    def pid(self) -> int:
+        return int(self.process.pid or 0)
+
+
+def exit_text(exitcode: int | None) -> str:
+    """``"SIGKILL"``, ``"exit code 1"``: how a process ended, as a person reads it."""
+    if exitcode is None:
+        return "an unknown status"
+    if exitcode < 0:
+        try:
+            return signal.Signals(-exitcode).name
+        except ValueError:
+            return f"signal {-exitcode}"
+    return f"exit code {exitcode}"
+
+
+class WarmPool:
+    """Warm workers keyed by ``TaskSpec.key``; one task at a time (a SuperNode serves one message at a time)."""
+
+    def __init__(
+        self,
+        *,
+        max_workers: int = 1,
+        idle_timeout: float = 1800.0,
+        preload: tuple[str, ...] = DEFAULT_PRELOAD,
+        on_done: Callable[[TaskRecord], None] | None = None,
+        target: Callable[..., None] = worker_main,
+        answer: Callable[[TaskSpec, Pulled | None, str], bool] = answer_orphaned_task,
+    ) -> None:
+        """``target(conn, executor_pid, preload)`` is the worker's main function and ``answer`` what answers a
+        dead worker's activated task (both replaceable for tests)."""
+        if max_workers < 1:
+            raise ValueError(f"max_workers must be >= 1, got {max_workers}")
+        if idle_timeout <= 0:
+            raise ValueError(f"idle_timeout must be > 0 seconds, got {idle_timeout}")
+        self.max_workers = max_workers
+        self.idle_timeout = idle_timeout
+        self.preload = tuple(preload)
+        self.on_done = on_done or (lambda record: None)
+        self._context = multiprocessing.get_context("forkserver")
+        self._context.set_forkserver_preload(list(self.preload))
+        self._workers: dict[tuple[int, str], _Worker] = {}
+        self._target = target
+        self._answer = answer
+
+    def start(self) -> None:
+        """Start the worker server now, so that its imports are paid before the first task arrives."""
+        multiprocessing.forkserver.ensure_running()
+
+    @property
+    def busy(self) -> bool:
+        """A task is in flight (the executor then acquires no new ClientApp task)."""
+        return any(w.task is not None for w in self._workers.values())
+
+    def worker_pids(self) -> dict[tuple[int, str], int]:
+        """The live workers' process ids by key."""
+        return {key: w.pid for key, w in self._workers.items()}
+
+    def submit(self, spec: TaskSpec) -> None:
+        """Send ``spec`` to its run's worker, starting one (and stopping the least recently used) if needed."""
+        worker = self._workers.get(spec.key)
+        if worker is None:
+            self._make_room()
+            worker = self._spawn(spec.key)
+        worker.task, worker.progress, worker.dispatched_at = spec, None, time.time()
+        worker.conn.send(spec)
+
+    def wait(self, timeout: float) -> None:
+        """Wait up to ``timeout`` seconds for news from the workers, then handle all of it."""
+        handles: list[object] = []
+        for worker in self._workers.values():
+            handles += [worker.conn, worker.process.sentinel]
+        if not handles:
+            time.sleep(timeout)
+            return
+        for ready in wait(handles, timeout):
+            for worker in list(self._workers.values()):
+                if ready is worker.conn or ready == worker.process.sentinel:
+                    self._drain(worker)
+
+    def reconcile(self) -> None:
+        """Stop workers idle for longer than ``idle_timeout`` (a finished run's model is then freed)."""
+        now = time.time()
+        for worker in list(self._workers.values()):
+            if worker.task is None and now - worker.last_used > self.idle_timeout:
+                log(
+                    INFO,
+                    "fedrapp worker %d (run %d) idle for %.0f s: stopped",
+                    worker.pid,
+                    worker.key[0],
+                    now - worker.last_used,
+                )
+                self._stop(worker)
+
+    def close(self) -> None:
+        """Stop every worker (a busy one is terminated: Flower's task expiry then answers its message)."""
+        for worker in list(self._workers.values()):
+            self._stop(worker)
+
+    # -- internals -------------------------------------------------------------------------------------
+
+    def _spawn(self, key: tuple[int, str]) -> _Worker:
+        parent, child = self._context.Pipe()
+        process = self._context.Process(
+            target=self._target, args=(child, os.getpid(), self.preload), name=f"fedrapp-worker-run{key[0]}"
+        )
+        process.start()
+        child.close()
+        worker = _Worker(key, process, parent, last_used=time.time())
+        self._workers[key] = worker
+        log(INFO, "fedrapp worker %d started for run %d", worker.pid, key[0])
+        return worker
+
+    def _make_room(self) -> None:
+        idle = sorted((w for w in self._workers.values() if w.task is None), key=lambda w: w.last_used)
+        while len(self._workers) >= self.max_workers and idle:
+            oldest = idle.pop(0)
+            log(INFO, "fedrapp worker %d (run %d) stopped to make room for a new run", oldest.pid, oldest.key[0])
+            self._stop(oldest)
+
+    def _stop(self, worker: _Worker, grace: float = 5.0) -> None:
+        self._workers.pop(worker.key, None)
+        if worker.task is None:
+            with contextlib.suppress(OSError, ValueError):
+                worker.conn.send(None)
+            worker.process.join(grace)
+        if worker.process.is_alive():
+            worker.process.terminate()
+            worker.process.join(grace)
+        if worker.process.is_alive():
+            worker.process.kill()
+            worker.process.join()
+        worker.conn.close()
+
+    def _drain(self, worker: _Worker) -> None:
+        """Handle every message the worker sent; then, if its process ended, its death."""
+        while True:
+            try:
+                if not worker.conn.poll():
+                    break
+                event = worker.conn.recv()
+            except (EOFError, OSError):
+                break
+            self._handle(worker, event)
+        if not worker.process.is_alive() and worker.key in self._workers:
+            worker.process.join()
+            self._buried(worker)
+
+    def _handle(self, worker: _Worker, event: object) -> None:
+        if isinstance(event, Ready):
+            return
+        if isinstance(event, Activated | Pulled):
+            worker.progress = event
+            return
+        if isinstance(event, Done) and worker.task is not None:
+            worker.served += 1
+            record = TaskRecord(worker.task, event, worker.pid, worker.served, worker.dispatched_at, time.time())
+            worker.task, worker.progress, worker.last_used = None, None, time.time()
+            self.on_done(record)
+
+    def _buried(self, worker: _Worker) -> None:
+        """A worker process ended: recover its task, if it held one; its run gets a new worker next time."""
+        self._workers.pop(worker.key, None)
+        worker.conn.close()
+        how = exit_text(worker.process.exitcode)
+        spec = worker.task
+        if spec is None:
+            log(
+                INFO if worker.process.exitcode == 1 else WARNING,
+                "fedrapp worker %d (run %d) ended with %s",
+                worker.pid,
+                worker.key[0],
+                how,
+            )
+            return
+        reason = (
+            f"the ClientApp's worker process (pid {worker.pid}) died with {how} while serving this message; "
+            "fedrapp-superexec replaced it"
+        )
+        log(WARNING, "task %d of run %d: %s", spec.task_id, spec.run_id, reason)
+        resubmits = worker.resubmits.get(spec.task_id, 0)
+        if worker.progress is None and resubmits < MAX_RESUBMITS:
+            # Not activated: the SuperNode still holds the task as starting, so the same token can serve it.
+            self._make_room()
+            fresh = self._spawn(spec.key)
+            fresh.resubmits[spec.task_id] = resubmits + 1
+            fresh.task, fresh.dispatched_at = spec, worker.dispatched_at
+            fresh.conn.send(spec)
+            return
+        pulled = worker.progress if isinstance(worker.progress, Pulled) else None
+        try:
+            answered = self._answer(spec, pulled, reason)
+        except Exception as err:  # noqa: BLE001 - the node must go on; Flower's expiry answers the message then
+            log(WARNING, "task %d: could not answer it (%s); Flower's task expiry will", spec.task_id, err)
+            answered = False
+        done = Done(spec.task_id, "failed", reason if answered else reason + " (left to Flower's task expiry)", "")
+        self.on_done(TaskRecord(spec, done, worker.pid, worker.served + 1, worker.dispatched_at, time.time()))

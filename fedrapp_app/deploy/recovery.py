@@ -1,0 +1,66 @@
+"""Answering a task whose worker died, so the round goes on at once instead of after Flower's task expiry.
+
+When ``flwr-clientapp`` is killed, the SuperNode notices only when the task's heartbeat expires (about a
+minute), then answers the message with "ClientApp stopped responding". The executor holds the task's token
+and knows how far the worker got (``protocol``), so it can do better:
+
+- before ``Activated``: the SuperNode still counts the task as starting; the token stays valid, and the
+  executor gives the same task to a fresh worker (``pool``; not here);
+- after ``Activated`` (the message may or may not have been pulled) or ``Pulled``: the executor answers the
+  message with a ``CLIENT_APP_CRASHED`` error reply and ends the task as failed, leaving the node's context
+  as it was (what a killed ``flwr-clientapp`` leaves too).
+"""
+
+from __future__ import annotations
+
+from logging import WARNING
+
+from flwr.app import Context, Message, RecordDict
+from flwr.app.error import Error
+from flwr.common.constant import ErrorCode, SubStatus
+from flwr.common.serde import message_from_proto
+from flwr.proto.message_pb2 import Message as ProtoMessage
+from flwr.proto.runtime_pb2 import PullAppMessagesRequest
+from flwr.supercore import log
+from flwr.supernode.runtime.run_clientapp import push_message, push_task_output
+
+from fedrapp_app.deploy.protocol import Pulled, TaskSpec
+from fedrapp_app.deploy.runtime import task_client
+
+
+def answer_orphaned_task(spec: TaskSpec, pulled: Pulled | None, reason: str) -> bool:
+    """Reply to ``spec``'s message with a crash error and finish the task as failed.
+
+    ``pulled`` is the header the worker sent, if it got that far; otherwise the message is pulled here
+    (it is still queued when the worker died before pulling it). Returns False when there is no message to
+    answer (the dead worker pulled it without saying so): Flower's task expiry answers it then.
+    """
+    client, retry_invoker = task_client(spec)
+    try:
+        if pulled is not None:
+            header = ProtoMessage.FromString(pulled.header)
+        else:
+            queued = client.PullMessages(PullAppMessagesRequest())
+            if not queued.messages_list:
+                log(
+                    WARNING,
+                    "task %d: its message left the queue with the dead worker; Flower's expiry answers it",
+                    spec.task_id,
+                )
+                return False
+            header = queued.messages_list[0]
+        message = message_from_proto(header)
+        reply = Message(Error(code=ErrorCode.CLIENT_APP_CRASHED, reason=reason), reply_to=message)
+        node = Context(
+            run_id=message.metadata.run_id,
+            node_id=message.metadata.dst_node_id,
+            node_config={},
+            state=RecordDict(),
+            run_config={},
+        )
+        push_message(client, reply, node)
+        retry_invoker.max_tries = 1
+        push_task_output(client=client, context=None, sub_status=SubStatus.FAILED, details=reason)
+        return True
+    finally:
+        client.close()

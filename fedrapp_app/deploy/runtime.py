@@ -1,0 +1,84 @@
+"""Talking to the SuperNode's Runtime API for one task: the token-bound client and the task heartbeat.
+
+Built from Flower's own pieces (``RuntimeHttpClient`` and the interceptors ``flwr-clientapp`` uses), so a
+warm worker speaks to the SuperNode exactly as Flower's per-task process does.
+"""
+
+from __future__ import annotations
+
+import _thread
+import threading
+
+import httpx
+from flwr.proto.runtime_pb2 import SendTaskHeartbeatRequest
+from flwr.supercore.heartbeat import HeartbeatSender
+from flwr.supercore.interceptors import RuntimeTokenHttpInterceptor, RuntimeVersionHttpInterceptor
+from flwr.supercore.retry import RetryInvoker, make_simple_http_retry_invoker
+from flwr.supercore.runtime import RuntimeHttpClient
+from flwr.supercore.runtime.tracing import RuntimeTracingInterceptor
+from flwr.supercore.tls import validate_and_resolve_root_certificates
+
+from fedrapp_app.deploy.protocol import TaskSpec
+
+
+def task_client(spec: TaskSpec) -> tuple[RuntimeHttpClient, RetryInvoker]:
+    """A Runtime API client that authenticates as ``spec``'s task (as ``flwr-clientapp`` builds it)."""
+    retry_invoker = make_simple_http_retry_invoker()
+    client = RuntimeHttpClient.from_server_address(
+        server_address=spec.runtime_api_address,
+        insecure=spec.insecure,
+        root_certificates=validate_and_resolve_root_certificates(spec.root_certificates_path, spec.insecure),
+        interceptors=[
+            RuntimeTracingInterceptor(),
+            RuntimeVersionHttpInterceptor(component_name="flwr-clientapp"),
+            RuntimeTokenHttpInterceptor(spec.token),
+        ],
+        retry_invoker=retry_invoker,
+    )
+    return client, retry_invoker
+
+
+class TaskHeartbeat:
+    """Flower's task heartbeat, for a process that outlives its tasks.
+
+    Flower's heartbeat function raises SIGINT in the process when the SuperNode answers that the task is
+    no longer alive (the run was stopped, the task expired): fine for a process that serves one task, fatal
+    for a worker that serves many. Here that answer interrupts the main thread only while the task is
+    armed (``KeyboardInterrupt`` in the ClientApp, which the worker turns into a failed task and a restart),
+    and the heartbeat is disarmed and stopped before the task's output is pushed, so the SuperNode never
+    sees a heartbeat for a finished task.
+    """
+
+    def __init__(self, client: RuntimeHttpClient) -> None:
+        self._request = SendTaskHeartbeatRequest()
+        self._client = client
+        self._lock = threading.Lock()
+        self._armed = True
+        self.lost = False
+        self._sender = HeartbeatSender(self._beat)
+
+    def _beat(self) -> bool:
+        try:
+            response = self._client.SendTaskHeartbeat(self._request)
+        except httpx.TransportError:
+            return False
+        except httpx.HTTPStatusError as err:
+            if err.response.status_code in (httpx.codes.SERVICE_UNAVAILABLE, httpx.codes.GATEWAY_TIMEOUT):
+                return False
+            raise
+        if not response.success:
+            with self._lock:
+                if self._armed and not self.lost:
+                    self.lost = True
+                    _thread.interrupt_main()
+        return True
+
+    def start(self) -> None:
+        self._sender.start()
+
+    def stop(self) -> None:
+        """Disarm, then stop the sender thread (idempotent; a sender whose thread died is left alone)."""
+        with self._lock:
+            self._armed = False
+        if self._sender.is_running:
+            self._sender.stop()
