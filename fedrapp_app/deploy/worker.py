@@ -21,7 +21,7 @@ import os
 import sys
 import time
 from collections.abc import Callable
-from logging import DEBUG, ERROR, INFO
+from logging import DEBUG, ERROR
 from multiprocessing.connection import Connection
 from pathlib import Path
 
@@ -52,6 +52,10 @@ from fedrapp_app.deploy.protocol import Activated, Done, Pulled, Ready, TaskSpec
 from fedrapp_app.deploy.runtime import TaskHeartbeat, task_client
 
 Send = Callable[[object], None]
+#: First wait (s) before pulling a message object again. The SuperNode creates the task before it has
+#: fetched the message's objects from the SuperLink; a warm worker asks for them at once and would wait
+#: Flower's default 1 s (sized for a fresh process, which arrives seconds later) for data due in milliseconds.
+PULL_FIRST_RETRY = 0.05
 
 
 def rss_bytes() -> int:
@@ -101,14 +105,18 @@ class AppLoader:
         return app
 
 
-def pull_input(client: RuntimeHttpClient, spec: TaskSpec, send: Send) -> tuple[Message, Context, Run, Fab]:
+def pull_input(
+    client: RuntimeHttpClient, spec: TaskSpec, send: Send, seconds: dict[str, float]
+) -> tuple[Message, Context, Run, Fab]:
     """Flower's ``pull_task_input``, with the executor told after each of its two steps.
 
     After ``PullTaskInput`` the SuperNode counts the task as running (``Activated``); after ``PullMessages``
     the message is out of the SuperNode's queue (``Pulled``, with its header, so the executor can still
     answer it if this process dies).
     """
+    started = time.perf_counter()
     response = client.PullTaskInput(PullTaskInputRequest())
+    seconds["pull-input"] = time.perf_counter() - started
     send(Activated(spec.task_id))
     TaskIdentity.task_id = response.task_id
     TaskIdentity.run_id = response.run.run_id
@@ -117,7 +125,9 @@ def pull_input(client: RuntimeHttpClient, spec: TaskSpec, send: Send) -> tuple[M
     run = run_from_proto(response.run)
     fab = fab_from_proto(response.fab)
 
+    started = time.perf_counter()
     pulled = client.PullMessages(PullAppMessagesRequest())
+    seconds["pull-message"] = time.perf_counter() - started
     if not pulled.messages_list:
         raise RuntimeError("No messages received from Runtime API")
     send(Pulled(spec.task_id, pulled.messages_list[0].SerializeToString(), context.node_id))
@@ -128,6 +138,7 @@ def pull_input(client: RuntimeHttpClient, spec: TaskSpec, send: Send) -> tuple[M
         make_pull_object_fn_protobuf(client.PullObject, node, context.run_id),
         make_confirm_message_received_fn_protobuf(client.ConfirmMessageReceived, node, context.run_id),
         return_type=Message,
+        initial_backoff=PULL_FIRST_RETRY,
     )
     message.metadata.__dict__["_message_id"] = tree.object_id  # as Flower does: not part of the deflated message
     return message, context, run, fab
@@ -158,7 +169,7 @@ def serve_task(spec: TaskSpec, loader: AppLoader, send: Send) -> Done:
     status, details, exit_after = SubStatus.FAILED, "ClientApp task failed due to unknown reason", False
     try:
         heartbeat.start()
-        message, context, run, fab = pull_input(client, spec, send)
+        message, context, run, fab = pull_input(client, spec, send, seconds)
         seconds["pull"] = time.perf_counter() - started
         mark = time.perf_counter()
         app = loader.client_app(run, fab)
@@ -217,17 +228,6 @@ def worker_main(conn: Connection, executor_pid: int, preloaded: tuple[str, ...])
         if spec is None:
             return
         done = serve_task(spec, loader, conn.send)
-        log(
-            INFO,
-            "task %d of run %d: %s in %.2f s (ClientApp %.2f s), worker %d, RSS %.0f MiB",
-            spec.task_id,
-            spec.run_id,
-            done.status if not done.reply_error else f"error reply ({done.reply_error.splitlines()[0][:200]})",
-            done.seconds["total"],
-            done.seconds.get("app", 0.0),
-            os.getpid(),
-            done.rss_bytes / 2**20,
-        )
         conn.send(done)
         if done.exit_after:
             sys.exit(1)
