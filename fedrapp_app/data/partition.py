@@ -7,11 +7,21 @@ partition (methods, uploads, server) sees them.
 
 from __future__ import annotations
 
+import hashlib
+import importlib.metadata
+import logging
+import os
+import tempfile
 import warnings
+from pathlib import Path
 
 import numpy as np
 
 from fedrapp_app.data.spec import DataSpec, validate_spec
+
+log = logging.getLogger("flwr.fedrapp.data")
+#: Environment variable naming the folder of cached partitions ('off' to turn the cache off).
+PARTITION_CACHE_ENV = "FEDRAPP_PARTITION_CACHE"
 
 
 def _labels_dataset(indices: np.ndarray, labels: np.ndarray):  # -> datasets.Dataset
@@ -149,3 +159,112 @@ def label_skew(labels: np.ndarray, parts: list[np.ndarray], num_classes: int | N
     classes = int(labels.max()) + 1 if num_classes is None else num_classes
     global_hist = np.bincount(labels, minlength=classes) / len(labels)
     return float(0.5 * np.abs(label_histograms(labels, parts, classes) - global_hist).sum(axis=1).mean())
+
+
+# -- the on-disk cache ------------------------------------------------------------------------------
+# A deployed SuperNode without warm workers starts a new process per message; partitioning through
+# flwr-datasets costs it ~1.5 s each time (mostly importing `datasets`). A partition is a pure function of
+# the labels, the partition settings, this module's code and the libraries that draw it, so it is cached
+# on disk under a hash of exactly those: a changed input is a different file, never a stale one.
+
+
+def partition_cache_dir() -> Path | None:
+    """The cache folder: ``$FEDRAPP_PARTITION_CACHE``, else ``$XDG_CACHE_HOME/fedrapp/partitions``
+    (``~/.cache/...``); None when the variable is ``off``."""
+    chosen = os.environ.get(PARTITION_CACHE_ENV)
+    if chosen is not None:
+        return None if chosen.strip().lower() in ("off", "0", "") else Path(chosen).expanduser()
+    cache = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(cache) / "fedrapp" / "partitions"
+
+
+def _version(distribution: str) -> str:
+    try:
+        return importlib.metadata.version(distribution)
+    except importlib.metadata.PackageNotFoundError:
+        return "absent"
+
+
+def partition_key(labels: np.ndarray, spec: DataSpec) -> str:
+    """SHA-256 (hex) of everything a partition depends on: the labels (values, dtype, shape), the partition
+    settings and seed, this module's source, and the versions of numpy and flwr-datasets."""
+    labels = np.ascontiguousarray(labels, dtype=np.int64)
+    digest = hashlib.sha256()
+    settings = (spec.num_clients, spec.partition, float(spec.dirichlet_alpha), spec.min_partition_size, spec.seed)
+    for part in (
+        repr(settings).encode(),
+        repr(labels.shape).encode(),
+        labels.tobytes(),
+        Path(__file__).read_bytes(),
+        _version("numpy").encode(),
+        _version("flwr-datasets").encode(),
+    ):
+        digest.update(len(part).to_bytes(8, "little") + part)
+    return digest.hexdigest()
+
+
+def _valid(parts: list[np.ndarray], num_samples: int, spec: DataSpec) -> bool:
+    """``parts`` is what ``partition_indices`` returns for these sizes: one sorted int64 array per client,
+    disjoint, covering [0, num_samples), each at least the Dirichlet minimum."""
+    if len(parts) != spec.num_clients or any(p.dtype != np.int64 or np.any(np.diff(p) <= 0) for p in parts):
+        return False
+    if spec.partition == "dirichlet" and min(len(p) for p in parts) < spec.min_partition_size:
+        return False
+    joined = np.sort(np.concatenate(parts))
+    return len(joined) == num_samples and bool(np.array_equal(joined, np.arange(num_samples)))
+
+
+def _read(path: Path, key: str, num_samples: int, spec: DataSpec) -> list[np.ndarray] | None:
+    try:
+        with np.load(path, allow_pickle=False) as stored:
+            if str(stored["key"]) != key:
+                return None
+            parts = np.split(stored["indices"], np.cumsum(stored["sizes"])[:-1])
+    except (OSError, ValueError, KeyError):
+        return None
+    return parts if _valid(parts, num_samples, spec) else None
+
+
+def _write(path: Path, key: str, parts: list[np.ndarray]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
+    try:
+        with os.fdopen(handle, "wb") as out:
+            np.savez(out, key=np.array(key), sizes=np.array([len(p) for p in parts]), indices=np.concatenate(parts))
+        os.replace(temporary, path)  # atomic: a reader sees the old file or the whole new one
+    except BaseException:
+        Path(temporary).unlink(missing_ok=True)
+        raise
+
+
+_WARNED: set[str] = set()
+
+
+def cached_partition_indices(labels: np.ndarray, spec: DataSpec, cache_dir: Path | None) -> list[np.ndarray]:
+    """``partition_indices(labels, spec)``, read from ``cache_dir`` when it holds this exact partition.
+
+    A file that is unreadable, belongs to other inputs or fails the partition's invariants is recomputed and
+    replaced. A folder that cannot be written costs the speed-up only (one warning per folder and process).
+    """
+    if cache_dir is None:
+        return partition_indices(labels, spec)
+    validate_spec(spec)
+    key = partition_key(labels, spec)
+    path = Path(cache_dir) / f"{key}.npz"
+    cached = _read(path, key, len(labels), spec) if path.is_file() else None
+    if cached is not None:
+        return cached
+    parts = partition_indices(labels, spec)
+    try:
+        _write(path, key, parts)
+    except OSError as err:
+        if str(cache_dir) not in _WARNED:
+            _WARNED.add(str(cache_dir))
+            log.warning(
+                "partition cache %s is not writable (%s); partitions are recomputed in every process "
+                "(set %s to a writable folder, or to 'off')",
+                cache_dir,
+                err,
+                PARTITION_CACHE_ENV,
+            )
+    return parts

@@ -18,7 +18,7 @@ import numpy as np
 from PIL import Image
 
 from fedrapp_app.data.loader import Undecodable
-from fedrapp_app.data.partition import partition_indices
+from fedrapp_app.data.partition import cached_partition_indices, partition_cache_dir
 from fedrapp_app.data.presets import get_preset
 from fedrapp_app.data.sources import Source, cached_source, clear_source_cache
 from fedrapp_app.data.sources.testbed import Domain, TestbedSource
@@ -181,13 +181,15 @@ def _partition_key(spec: DataSpec) -> DataSpec:
 
 
 def client_partitions(spec: DataSpec) -> list[np.ndarray]:
-    """Every client's partition of the spec's source (cached per process, as a process serves many rounds)."""
+    """Every client's partition of the spec's source: cached per process (a process serves many rounds) and
+    on disk (``partition.cached_partition_indices``: a deployed node's fresh process per message reads it
+    instead of partitioning again)."""
     key = _partition_key(spec)
     with _PARTITIONS_LOCK:
         if key in _PARTITIONS:
             _PARTITIONS.move_to_end(key)
             return _PARTITIONS[key]
-    parts = partition_indices(cached_source(spec).labels(), spec)
+    parts = cached_partition_indices(cached_source(spec).labels(), spec, partition_cache_dir())
     with _PARTITIONS_LOCK:
         _PARTITIONS[key] = parts
         while len(_PARTITIONS) > 8:
