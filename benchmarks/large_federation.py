@@ -10,8 +10,11 @@ batch of `--batch-size`, `--rounds` rounds), measured from outside:
   ServerApp and Flower's simulation driver), of the client actors, and of Ray's own processes.
 
 The processes of a run are found by a mark in their environment (as `fedrapp-sim` finds them to stop them).
+`--row-bytes` only measures what one FedRAPP round writes to rounds.jsonl for N clients, with every positive
+peer weight in each row (as before) and with a row's 32 largest (now): no simulation, seconds.
 
     python benchmarks/large_federation.py --clients 100 300 1000 --json docs/results/raw/large_federation.json
+    python benchmarks/large_federation.py --clients 10 100 300 1000 --row-bytes
 """
 
 from __future__ import annotations
@@ -136,6 +139,24 @@ def run_one(clients: int, per_client: int, batch: int, rounds: int, workdir: Pat
     }
 
 
+def row_bytes(clients: int, dim: int = 3 * 5 * 512, seed: int = 0) -> tuple[int, int]:
+    """Bytes of the peer weights one FedRAPP round (every client replying) writes into rounds.jsonl: every
+    positive weight per row, and the rows' ``MAX_ROW_PEERS`` largest plus the rest (``server.top_peers``)."""
+    import numpy as np
+
+    from fedrapp_app.aggregation import make_rule, synthetic_round
+    from fedrapp_app.server import top_peers
+
+    kw = synthetic_round(np.random.default_rng(seed), clients, dim, reply_prob=1.0)
+    weights = make_rule("fedrapp", {})(**kw).diagnostics.peer_weights
+    every = sum(len(json.dumps({int(j): float(w) for j, w in enumerate(row) if w > 0})) for row in weights)
+    kept = 0
+    for row in weights:
+        peers, rest = top_peers(row)
+        kept += len(json.dumps(peers)) + (len(json.dumps({"peer_weights_rest": rest})) if rest else 0)
+    return every, kept
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--clients", type=int, nargs="+", default=[100, 300, 1000])
@@ -143,7 +164,14 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--json", type=Path, default=None, help="write the results here")
+    parser.add_argument("--row-bytes", action="store_true", help="only the size of the peer weights per round")
     args = parser.parse_args()
+    if args.row_bytes:
+        for clients in args.clients:
+            every, kept = row_bytes(clients)
+            print(f"N={clients}: peer weights per round {every / 2**20:.2f} MiB with every peer, "
+                  f"{kept / 2**20:.3f} MiB with the 32 largest per row")  # fmt: skip
+        return
     results = []
     with tempfile.TemporaryDirectory(prefix="fedrapp-large-") as tmp:
         for clients in args.clients:
