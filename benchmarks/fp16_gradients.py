@@ -16,7 +16,8 @@ default of :class:`~fedrapp_app.methods.scaling.LossScaler`), from the same prom
 * ``zero``: the share of the prompt gradient's entries that are exactly 0 in fp16 but not in fp32;
 * ``grad cos`` / ``grad ratio``: cosine and norm ratio of the fp16 prompt gradient (of the first AdamW step)
   against fp32's;
-* ``update cos`` / ``update ratio``: the same for the step's change of the prompt (tuned - received).
+* ``update cos`` / ``update ratio``: the same for the step's change of the prompt (tuned - received);
+* ``retries``: backward passes redone at half the scale after an overflow (S > 1).
 
 Models: the shipped testbed CLIP (trained weights) and a random-weight CLIP with ViT-B/16's sizes and 100
 classes (``benchmarks/vitb16.py``; gradient sizes depend on the weights, so both are shown). fp16 matmuls are
@@ -118,7 +119,7 @@ class GradientProbe:
 
 
 def run_step(clip, classnames, template, method_name, params, pixels, precision, scale=None, probe=None):
-    """One ``adapt`` of a fresh method under emulated CUDA autocast -> (first-step gradients, update)."""
+    """One ``adapt`` of a fresh method under emulated CUDA autocast -> (first-step gradients, update, stats)."""
     pclip = PromptedCLIP(emulated_clip(clip, precision, probe=probe), classnames, template)
     method = make_method(method_name, params)
     received = method.initial_prompt(pclip)
@@ -126,7 +127,7 @@ def run_step(clip, classnames, template, method_name, params, pixels, precision,
     with first_step_gradients(grads), loss_scale(scale):
         adaptation = method.adapt(pclip, received, pixels, torch.Generator().manual_seed(0))
     update = torch.cat([(a - r).flatten() for a, r in zip(adaptation.prompt, received, strict=True)])
-    return torch.cat([g.flatten() for g in grads]), update
+    return torch.cat([g.flatten() for g in grads]), update, adaptation.stats
 
 
 def compare(test: Tensor, reference: Tensor) -> tuple[float, float]:
@@ -138,10 +139,10 @@ def compare(test: Tensor, reference: Tensor) -> tuple[float, float]:
 def measure(clip, classnames, template, label, method_name, params, pixels) -> list[dict]:
     """Rows of one method: S = 1, 2^12, 2^16 against the fp32 reference."""
     probe = GradientProbe(SCALES)
-    ref_grad, ref_update = run_step(clip, classnames, template, method_name, params, pixels, "fp32", probe=probe)
+    ref_grad, ref_update, _ = run_step(clip, classnames, template, method_name, params, pixels, "fp32", probe=probe)
     rows = []
     for scale in SCALES:
-        grad, update = run_step(clip, classnames, template, method_name, params, pixels, "fp16", scale)
+        grad, update, stats = run_step(clip, classnames, template, method_name, params, pixels, "fp16", scale)
         grad_cos, grad_ratio = compare(grad, ref_grad)
         update_cos, update_ratio = compare(update, ref_update)
         rows.append(
@@ -155,6 +156,7 @@ def measure(clip, classnames, template, label, method_name, params, pixels) -> l
                 "grad_ratio": grad_ratio,
                 "update_cos": update_cos,
                 "update_ratio": update_ratio,
+                "retries": stats.get("loss_scale_retries", 0.0),  # overflows retried at half the scale
             }
         )
     return rows
@@ -180,7 +182,7 @@ def main() -> None:
     )
     header = (
         f"{'model':8s} {'variant':11s} {'S':>6s} {'below normal':>12s} {'flushed':>8s} {'zero':>6s} "
-        f"{'grad cos':>8s} {'ratio':>6s} {'update cos':>10s} {'ratio':>6s}"
+        f"{'grad cos':>8s} {'ratio':>6s} {'update cos':>10s} {'ratio':>6s} {'retries':>7s}"
     )
     print(header)
     rows = []
@@ -203,7 +205,8 @@ def main() -> None:
                 print(
                     f"{model:8s} {label:11s} 2^{int(np.log2(row['scale'])):<4d} {100 * row['below_normal']:11.1f}% "
                     f"{100 * row['flushed']:7.1f}% {100 * row['zero']:5.1f}% {row['grad_cos']:8.3f} "
-                    f"{row['grad_ratio']:6.3f} {row['update_cos']:10.3f} {row['update_ratio']:6.3f}",
+                    f"{row['grad_ratio']:6.3f} {row['update_cos']:10.3f} {row['update_ratio']:6.3f} "
+                    f"{int(row['retries']):7d}",
                     flush=True,
                 )
     print(f"total {time.perf_counter() - started:.0f} s")

@@ -86,36 +86,47 @@ def test_full_precision_turns_cpu_autocast_off(tiny_clip):
 @pytest.fixture(scope="module")
 def testbed_batch():
     clip = load_clip("testbed", device="cpu")
-    pixels = pixel_values(PromptedCLIP(clip, CLASSNAMES, HAND_TEMPLATE), make_stream("clean", 0, 0, 8).images)
+    pixels = pixel_values(PromptedCLIP(clip, CLASSNAMES, HAND_TEMPLATE), make_stream("clean", 0, 0, 4).images)
     return clip, pixels
 
 
 @pytest.mark.parametrize(
-    ("label", "images"), [("tpt+csc", 2), ("tpt", 2), ("adaprompt", 8), ("im", 8)], ids=lambda v: str(v)
+    ("label", "images"), [("tpt+csc", 2), ("tpt", 2), ("adaprompt", 4), ("im", 4)], ids=lambda v: str(v)
 )
 def test_fp16_gradients_match_fp32_with_the_default_loss_scale(testbed_batch, label, images):
     """Each method's real step under emulated CUDA fp16 autocast, against fp32 (the testbed's trained CLIP)."""
     clip, pixels = testbed_batch
-    method, params = fp16_gradients.variants(images, 7)[label]
+    method, params = fp16_gradients.variants(images, 3)[label]
     args = (clip, CLASSNAMES, HAND_TEMPLATE, method, params, pixels[:images])
-    reference_grad, reference_update = fp16_gradients.run_step(*args, "fp32")
-    grad, update = fp16_gradients.run_step(*args, "fp16")  # the methods' own scaler: 2^16
+    reference_grad, reference_update, _ = fp16_gradients.run_step(*args, "fp32")
+    grad, update, stats = fp16_gradients.run_step(*args, "fp16")  # the methods' own scaler: 2^16
+    assert stats["loss_scale"] >= 2.0**12  # no collapse of the scale on a normal step
     grad_cos, grad_ratio = fp16_gradients.compare(grad, reference_grad)
     update_cos, update_ratio = fp16_gradients.compare(update, reference_update)
     assert grad_cos > 0.999 and abs(grad_ratio - 1) < 0.01
-    assert update_cos > 0.999 and abs(update_ratio - 1) < 0.01
+    # fp16's rounding of the forward pass remains (AdamW's first step is about lr * sign(g)): a little slack
+    assert update_cos > 0.995 and abs(update_ratio - 1) < 0.01
 
 
 def test_unscaled_fp16_loses_class_specific_gradients(testbed_batch):
-    """Why the scaler exists: without it, most of TPT+csc's prompt gradient entries underflow to exactly 0 and
-    the first AdamW step is off (the rows of benchmarks/fp16_gradients.py)."""
+    """Why the scaler exists, and proof that the emulation does run fp16: without scaling, most of TPT+csc's
+    prompt-gradient entries underflow to exactly 0 and the first AdamW step is off (benchmarks/fp16_gradients.py)."""
     clip, pixels = testbed_batch
-    method, params = fp16_gradients.variants(2, 7)["tpt+csc"]
-    measured = fp16_gradients.measure(clip, CLASSNAMES, HAND_TEMPLATE, "tpt+csc", method, params, pixels[:2])
-    rows = {row["scale"]: row for row in measured}
-    assert rows[1.0]["zero"] > 0.3 and rows[1.0]["update_cos"] < 0.9  # unscaled
-    assert rows[2.0**16]["zero"] < rows[1.0]["zero"] / 2 and rows[2.0**16]["update_cos"] > 0.999
-    assert rows[1.0]["below_normal"] > 0.8  # most intermediate gradients lie below fp16's normal range
+    method, params = fp16_gradients.variants(2, 3)["tpt+csc"]
+    args = (clip, CLASSNAMES, HAND_TEMPLATE, method, params, pixels[:2])
+    probe = fp16_gradients.GradientProbe((1.0,))
+    reference_grad, reference_update, _ = fp16_gradients.run_step(*args, "fp32", probe=probe)
+    assert probe.below_normal[1.0] / probe.nonzero > 0.8  # most intermediate gradients: below fp16's normal range
+
+    def zeros_and_update_cosine(scale: float | None) -> tuple[float, float]:
+        grad, update, _ = fp16_gradients.run_step(*args, "fp16", scale)  # scale None: the methods' 2^16
+        zero = float(((grad == 0) & (reference_grad != 0)).double().mean())
+        return zero, fp16_gradients.compare(update, reference_update)[0]
+
+    unscaled_zero, unscaled_cos = zeros_and_update_cosine(1.0)
+    scaled_zero, scaled_cos = zeros_and_update_cosine(None)
+    assert unscaled_zero > 0.3 and unscaled_cos < 0.9
+    assert scaled_zero < unscaled_zero / 2 and scaled_cos > 0.999
 
 
 # ----- the scaler ---------------------------------------------------------------------------------------
