@@ -84,6 +84,7 @@ def stats_row(record: TaskRecord) -> dict:
         "reply_error": done.reply_error,
         "seconds": {k: round(v, 4) for k, v in done.seconds.items()},
         "cpu_seconds": round(done.cpu_seconds, 4),
+        "cpu_app_seconds": round(done.cpu_app_seconds, 4),
         "rss_bytes": done.rss_bytes,
         "pending_at": pending,
         "acquired_at": spec.acquired_at,

@@ -79,6 +79,7 @@ class Done:
     cpu_seconds : CPU time (user + system) of the worker during the task.
     rss_bytes : the worker's resident memory after the task.
     exit_after : the worker ends after this task (the app raised a BaseException such as SystemExit).
+    cpu_app_seconds : the part of ``cpu_seconds`` spent in the ClientApp's call.
     """
 
     task_id: int
@@ -89,3 +90,4 @@ class Done:
     cpu_seconds: float = 0.0
     rss_bytes: int = 0
     exit_after: bool = False
+    cpu_app_seconds: float = 0.0

@@ -167,6 +167,7 @@ def serve_task(spec: TaskSpec, loader: AppLoader, send: Send) -> Done:
     context: Context | None = None
     reply: Message | None = None
     status, details, exit_after = SubStatus.FAILED, "ClientApp task failed due to unknown reason", False
+    cpu_app = 0.0
     try:
         heartbeat.start()
         message, context, run, fab = pull_input(client, spec, send, seconds)
@@ -174,9 +175,9 @@ def serve_task(spec: TaskSpec, loader: AppLoader, send: Send) -> Done:
         mark = time.perf_counter()
         app = loader.client_app(run, fab)
         seconds["load"] = time.perf_counter() - mark
-        mark = time.perf_counter()
+        mark, cpu_mark = time.perf_counter(), time.process_time()
         reply = app(message=message, context=context)
-        seconds["app"] = time.perf_counter() - mark
+        seconds["app"], cpu_app = time.perf_counter() - mark, time.process_time() - cpu_mark
         status, details = SubStatus.COMPLETED, ""
     except BaseException as err:  # noqa: BLE001 - every outcome is reported to the SuperNode, as flwr-clientapp does
         exit_after = not isinstance(err, Exception) or heartbeat.lost
@@ -211,6 +212,7 @@ def serve_task(spec: TaskSpec, loader: AppLoader, send: Send) -> Done:
         time.process_time() - cpu_started,
         rss_bytes(),
         exit_after,
+        cpu_app,
     )
 
 
