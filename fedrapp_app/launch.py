@@ -288,7 +288,7 @@ def _parser() -> argparse.ArgumentParser:
         "--ray-address",
         default="",
         metavar="HOST:PORT",
-        help="run the simulation on an existing Ray cluster (its head's address, as `ray start --head` prints it; "
+        help="run the simulation on an existing Ray cluster (its head's address, as 'ray start --head' prints it; "
         "every Ray node needs this package installed at the same paths). Default: a local Ray, stopped with the run",
     )
     parser.add_argument("--flwr-home", default=None, help="Flower's home (default: <app>/.flwr-home)")
