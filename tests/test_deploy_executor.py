@@ -325,3 +325,68 @@ def test_idle_workers_are_stopped_after_the_idle_timeout_and_close_stops_the_res
     second = _serve(pool, _spec("ok", run_id=2))
     pool.close()
     assert not _alive(second.worker_pid)
+
+
+# -- the Runtime API calls of a task ------------------------------------------------------------------
+
+
+def _http_error(status: int):
+    import httpx
+
+    request = httpx.Request("POST", "http://127.0.0.1:9/flwr.proto.Runtime/PushTaskOutput")
+    return httpx.HTTPStatusError(str(status), request=request, response=httpx.Response(status, request=request))
+
+
+def test_a_refused_task_token_fails_the_call_instead_of_interrupting_the_process():
+    """Flower's invoker answers HTTP 401 with SIGINT to its own process (the end of a flwr-clientapp); in a
+    warm worker or the executor that would end far more than one task."""
+    import httpx
+
+    from fedrapp_app.deploy.runtime import task_retry_invoker
+
+    invoker = task_retry_invoker(max_time=30)
+    invoker.wait_function = lambda _seconds: None
+
+    def refused():
+        raise _http_error(401)
+
+    with pytest.raises(httpx.HTTPStatusError):
+        invoker.invoke(refused)
+    calls = []
+
+    def unavailable_twice():
+        calls.append(1)
+        if len(calls) < 3:
+            raise _http_error(503)
+        return "ok"
+
+    assert invoker.invoke(unavailable_twice) == "ok" and len(calls) == 3
+
+
+def test_the_heartbeat_interrupts_the_task_only_while_armed_when_the_supernode_drops_it():
+    import threading
+
+    from fedrapp_app.deploy.runtime import TaskHeartbeat
+
+    class Refusing:
+        def SendTaskHeartbeat(self, _request):  # noqa: N802 - Flower's method name
+            raise _http_error(401)
+
+    heartbeat = TaskHeartbeat(Refusing())  # type: ignore[arg-type]
+    with pytest.raises(KeyboardInterrupt):
+        threading.Thread(target=heartbeat._beat).start()
+        time.sleep(5)
+    assert heartbeat.lost
+    disarmed = TaskHeartbeat(Refusing())  # type: ignore[arg-type]
+    disarmed.stop()
+    assert disarmed._beat() and not disarmed.lost
+
+
+def test_a_worker_that_died_idle_is_replaced_when_its_run_sends_the_next_task(pool):
+    first = _serve(pool, _spec("ok", task_id=1))
+    os.kill(first.worker_pid, signal.SIGKILL)
+    while _alive(first.worker_pid):
+        time.sleep(0.05)
+    second = _serve(pool, _spec("ok", task_id=2))  # submitted before the pool noticed the death
+    assert second.done.status == "completed" and second.worker_pid != first.worker_pid
+    assert pool.recorder.answered == []

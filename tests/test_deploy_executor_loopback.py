@@ -14,6 +14,9 @@ mark if it escaped.
 from __future__ import annotations
 
 import json
+import os
+import signal
+import time
 from pathlib import Path
 
 import pytest
@@ -180,7 +183,45 @@ def test_failures_cost_one_message_and_runs_never_share_a_worker(tmp_path):
         stats = [json.loads(line) for line in fed.stats_path(1).read_text().splitlines()]
         crashed = [s for s in stats if "SIGKILL" in s["details"]]
         assert len(crashed) == 1 and crashed[0]["status"] == "failed"
+
+        # The executor itself killed: its worker server and workers go too; a new executor serves the node.
+        victim = fed.processes["executor0"]
+        below = descendants(victim.pid)
+        assert len(below) >= 2  # the worker server and run 3's worker
+        os.kill(victim.pid, signal.SIGKILL)
+        victim.wait()
+        deadline = time.monotonic() + 10
+        while any(alive(pid) for pid in below) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert not any(alive(pid) for pid in below)
+        fed.start_executor(0)
+        fourth = probe_rows(fed, app, tmp_path / "run4.json", rounds=1)
+        assert [fourth[(1, c)]["calls"] for c in (0, 1)] == [1, 1]
     assert fed.stop() == []
+
+
+def descendants(root: int) -> list[int]:
+    """The processes below ``root`` (not itself), from /proc."""
+    parents = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                parents[int(entry.name)] = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except OSError:
+                continue
+    found, todo = [], [root]
+    while todo:
+        children = [pid for pid, parent in parents.items() if parent == todo.pop()]
+        found += children
+        todo += children
+    return found
+
+
+def alive(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
 
 
 @pytest.fixture(scope="module")

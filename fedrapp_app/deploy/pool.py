@@ -123,11 +123,15 @@ class WarmPool:
     def submit(self, spec: TaskSpec) -> None:
         """Send ``spec`` to its run's worker, starting one (and stopping the least recently used) if needed."""
         worker = self._workers.get(spec.key)
+        if worker is not None and not worker.process.is_alive():
+            self._drain(worker)  # it died idle and nobody has looked yet: bury it first
+            worker = self._workers.get(spec.key)
         if worker is None:
             self._make_room()
             worker = self._spawn(spec.key)
         worker.task, worker.progress, worker.dispatched_at = spec, None, time.time()
-        worker.conn.send(spec)
+        with contextlib.suppress(OSError):  # it died just now: its burial hands the task to a fresh worker
+            worker.conn.send(spec)
 
     def wait(self, timeout: float) -> None:
         """Wait up to ``timeout`` seconds for news from the workers, then handle all of it."""

@@ -27,6 +27,10 @@ from flwr.supernode.runtime.run_clientapp import push_message, push_task_output
 from fedrapp_app.deploy.protocol import Pulled, TaskSpec
 from fedrapp_app.deploy.runtime import task_client
 
+#: Seconds the executor keeps retrying to answer a dead worker's task before leaving it to Flower's expiry
+#: (it serves no other task meanwhile).
+RECOVERY_MAX_TIME = 10.0
+
 
 def answer_orphaned_task(spec: TaskSpec, pulled: Pulled | None, reason: str) -> bool:
     """Reply to ``spec``'s message with a crash error and finish the task as failed.
@@ -35,7 +39,7 @@ def answer_orphaned_task(spec: TaskSpec, pulled: Pulled | None, reason: str) -> 
     (it is still queued when the worker died before pulling it). Returns False when there is no message to
     answer (the dead worker pulled it without saying so): Flower's task expiry answers it then.
     """
-    client, retry_invoker = task_client(spec)
+    client, retry_invoker = task_client(spec, max_time=RECOVERY_MAX_TIME)
     try:
         if pulled is not None:
             header = ProtoMessage.FromString(pulled.header)

@@ -10,10 +10,12 @@ import _thread
 import threading
 
 import httpx
+from flwr.common.constant import MAX_RETRY_DELAY
 from flwr.proto.runtime_pb2 import SendTaskHeartbeatRequest
 from flwr.supercore.heartbeat import HeartbeatSender
 from flwr.supercore.interceptors import RuntimeTokenHttpInterceptor, RuntimeVersionHttpInterceptor
-from flwr.supercore.retry import RetryInvoker, make_simple_http_retry_invoker
+from flwr.supercore.retry import RetryInvoker, exponential
+from flwr.supercore.retry.http_retry import _RETRYABLE_STATUS_CODES, _RETRYABLE_TRANSPORT_ERRORS
 from flwr.supercore.runtime import RuntimeHttpClient
 from flwr.supercore.runtime.tracing import RuntimeTracingInterceptor
 from flwr.supercore.tls import validate_and_resolve_root_certificates
@@ -21,9 +23,32 @@ from flwr.supercore.tls import validate_and_resolve_root_certificates
 from fedrapp_app.deploy.protocol import TaskSpec
 
 
-def task_client(spec: TaskSpec) -> tuple[RuntimeHttpClient, RetryInvoker]:
-    """A Runtime API client that authenticates as ``spec``'s task (as ``flwr-clientapp`` builds it)."""
-    retry_invoker = make_simple_http_retry_invoker()
+def task_retry_invoker(max_time: float | None = None) -> RetryInvoker:
+    """Flower's HTTP retry policy for a task's calls, without its exit for one-task processes.
+
+    Flower's invoker (``make_simple_http_retry_invoker``) retries connection errors and HTTP 502/503/504
+    with exponential backoff, and on HTTP 401 (the task token is no longer valid) sends SIGINT to its own
+    process: that ends a ``flwr-clientapp``, but would end a warm worker, or the executor itself while it
+    answers a dead worker's task. Here every HTTP error other than 502/503/504 is raised to the caller,
+    which fails that task only. ``max_time`` bounds the retries (None: retry while the SuperNode is down).
+    """
+
+    def give_up(err: Exception) -> bool:
+        return isinstance(err, httpx.HTTPStatusError) and err.response.status_code not in _RETRYABLE_STATUS_CODES
+
+    return RetryInvoker(
+        wait_gen_factory=lambda: exponential(max_delay=MAX_RETRY_DELAY),
+        recoverable_exceptions=(*_RETRYABLE_TRANSPORT_ERRORS, httpx.HTTPStatusError),
+        max_tries=None,
+        max_time=max_time,
+        should_giveup=give_up,
+    )
+
+
+def task_client(spec: TaskSpec, max_time: float | None = None) -> tuple[RuntimeHttpClient, RetryInvoker]:
+    """A Runtime API client that authenticates as ``spec``'s task (as ``flwr-clientapp`` builds it, with
+    ``task_retry_invoker``)."""
+    retry_invoker = task_retry_invoker(max_time)
     client = RuntimeHttpClient.from_server_address(
         server_address=spec.runtime_api_address,
         insecure=spec.insecure,
@@ -65,13 +90,17 @@ class TaskHeartbeat:
         except httpx.HTTPStatusError as err:
             if err.response.status_code in (httpx.codes.SERVICE_UNAVAILABLE, httpx.codes.GATEWAY_TIMEOUT):
                 return False
-            raise
+            self._lose()  # the token is refused: the SuperNode no longer has this task
+            return True
         if not response.success:
-            with self._lock:
-                if self._armed and not self.lost:
-                    self.lost = True
-                    _thread.interrupt_main()
+            self._lose()
         return True
+
+    def _lose(self) -> None:
+        with self._lock:
+            if self._armed and not self.lost:
+                self.lost = True
+                _thread.interrupt_main()
 
     def start(self) -> None:
         self._sender.start()

@@ -52,10 +52,13 @@ from fedrapp_app.deploy.protocol import Activated, Done, Pulled, Ready, TaskSpec
 from fedrapp_app.deploy.runtime import TaskHeartbeat, task_client
 
 Send = Callable[[object], None]
-#: First wait (s) before pulling a message object again. The SuperNode creates the task before it has
-#: fetched the message's objects from the SuperLink; a warm worker asks for them at once and would wait
-#: Flower's default 1 s (sized for a fresh process, which arrives seconds later) for data due in milliseconds.
+#: Waits (s) between pulls of a message object that is not there yet: from 0.05 s, doubling up to 0.25 s.
+#: The SuperNode creates the task before it has fetched the message's objects from the SuperLink; a warm
+#: worker asks for them at once. Flower's waits (1 s doubling up to 10 s, sized for a fresh process that
+#: arrives seconds later) made a warm worker late by up to a second for data due in milliseconds. Without a
+#: cap on tries, Flower's time limit (``PULL_MAX_TIME``) still bounds the wait.
 PULL_FIRST_RETRY = 0.05
+PULL_RETRY_CAP = 0.25
 
 
 def rss_bytes() -> int:
@@ -139,6 +142,8 @@ def pull_input(
         make_confirm_message_received_fn_protobuf(client.ConfirmMessageReceived, node, context.run_id),
         return_type=Message,
         initial_backoff=PULL_FIRST_RETRY,
+        backoff_cap=PULL_RETRY_CAP,
+        max_tries_per_object=None,
     )
     message.metadata.__dict__["_message_id"] = tree.object_id  # as Flower does: not part of the deflated message
     return message, context, run, fab
