@@ -32,6 +32,7 @@ from fedrapp_app.checkpoint import load_client_snapshot, save_client_snapshot
 from fedrapp_app.config import RunConfig, attack_clients
 from fedrapp_app.data import ClientStream, build_client_stream
 from fedrapp_app.engine import PromptedCLIP, load_clip
+from fedrapp_app.engine.devices import current_device_description, device_for_node, set_deterministic
 from fedrapp_app.errors import describe
 from fedrapp_app.methods import LocalMethod, make_method
 from fedrapp_app.records import (
@@ -97,14 +98,17 @@ class ClientSetup:
     client_id: int
     stream: ClientStream
     loaded_model: bool  # this call loaded the frozen model (first use in this process)
+    device: str = "auto"  # the run config's device, or the SuperNode's own (node config ``device``)
 
     def prompted(self) -> PromptedCLIP:
         """The frozen CLIP with this dataset's class names (loaded once per process)."""
         v = self.config
-        clip_key = (v["model"], v["device"], v["precision"])
+        clip_key = (v["model"], self.device, v["precision"])
         if clip_key not in _CLIPS:
-            _CLIPS[clip_key] = load_clip(str(v["model"]), device=str(v["device"]), precision=str(v["precision"]))
+            set_deterministic(bool(v["deterministic"]))  # before this process's first CUDA matmul
+            _CLIPS[clip_key] = load_clip(str(v["model"]), device=self.device, precision=str(v["precision"]))
             self.loaded_model = True
+            log.info("client %d runs on %s", self.client_id, current_device_description(_CLIPS[clip_key].device))
         key = (*clip_key, tuple(self.stream.classnames), self.stream.template)
         if key not in _PROMPTED:
             _PROMPTED[key] = PromptedCLIP(_CLIPS[clip_key], list(self.stream.classnames), self.stream.template)
@@ -125,7 +129,8 @@ def setup(context: Context, message_config: Mapping[str, Any]) -> ClientSetup:
     client = client_id_of(context.node_config, config.num_clients)
     overrides = {"data_dir": str(context.node_config["data-dir"])} if "data-dir" in context.node_config else {}
     stream = build_client_stream(config.data_spec(**overrides), client)  # cached by the data layer
-    return ClientSetup(config, client, stream, loaded_model=False)
+    device = device_for_node(str(config["device"]), context.node_config)
+    return ClientSetup(config, client, stream, loaded_model=False, device=device)
 
 
 def stream_position(context: Context) -> int:
@@ -280,9 +285,8 @@ def train(msg: Message, context: Context) -> Message:
         "stream-position": position,
         "skipped": len(batch.skipped),
     }
-    notes = ConfigRecord(
-        {**placement(), **({"skipped-samples": [str(s) for s in batch.skipped]} if batch.skipped else {})}
-    )
+    skipped = {"skipped-samples": [str(s) for s in batch.skipped]} if batch.skipped else {}
+    notes = ConfigRecord({**placement(), "device": current_device_description(pclip.device), **skipped})
     if not batch.labels.size:  # nothing decodable: the batch is consumed and reported, nothing is adapted
         _advance(context, client, round_config, position, method_state)
         return Message(_reply(None, {**base, "skipped-batch": 1}, notes), reply_to=msg)

@@ -90,8 +90,19 @@ KEYS: tuple[Key, ...] = (
     ),
     Key("local-method", "adaprompt", "client test-time method", choices=LOCAL_METHODS),
     Key("model", "testbed", "CLIP checkpoint: 'testbed' (shipped), a local folder or a Hugging Face Hub id"),
-    Key("device", "auto", "'auto' (CUDA when present), 'cpu', 'cuda' or 'cuda:N'"),
-    Key("precision", "fp32", "compute precision (bf16/fp16 autocast on GPU)", choices=("fp32", "bf16", "fp16")),
+    Key(
+        "device",
+        "auto",
+        "'auto' (CUDA when present), 'cpu', 'cuda' or 'cuda:N'; in the simulation each client sees its GPU share as "
+        "cuda:0; a SuperNode's node config 'device' overrides it",
+    ),
+    Key(
+        "precision",
+        "fp32",
+        "compute precision: fp32 (IEEE, TF32 off on GPUs), bf16 or fp16 autocast (fp16 with loss scaling)",
+        choices=("fp32", "bf16", "fp16"),
+    ),
+    Key("deterministic", False, "deterministic GPU kernels: bit-reproducible csc runs on one GPU, at some speed cost"),
     Key("num-rounds", 0, "rounds to run; 0 = until every client's stream has ended", minimum=0),
     Key("output-dir", "outputs", "folder for results (a relative path is resolved where the run starts)"),
     Key("run-name", "", "name of the results folder inside output-dir; '' = derived from the config"),
@@ -331,9 +342,12 @@ def _check_combinations(v: Mapping[str, Scalar]) -> None:
             problems.append(_problem("attack-clients", v["attack-clients"], f"ids must be in 0..{clients - 1}"))
         if attackers and v["attack"] == "none":
             problems.append(_problem("attack", "none", "attack-clients is set: choose 'random' or 'scaled'"))
-    device = str(v["device"])
-    if not (device in ("auto", "cpu", "cuda") or (device.startswith("cuda:") and device[5:].isdigit())):
-        problems.append(_problem("device", device, "must be 'auto', 'cpu', 'cuda' or 'cuda:N'"))
+    from fedrapp_app.engine.devices import parse_device  # light: no torch
+
+    try:
+        parse_device(str(v["device"]))
+    except ValueError:
+        problems.append(_problem("device", v["device"], "must be 'auto', 'cpu', 'cuda' or 'cuda:N'"))
     if problems:
         raise ConfigError("invalid run config:\n" + "\n".join(problems))
 

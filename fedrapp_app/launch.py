@@ -248,6 +248,9 @@ def resume_command(args: argparse.Namespace, run_dir: Path) -> str:
         parts += ["-c", _shell_word(override)]
     if args.supernodes:
         parts += ["--supernodes", str(args.supernodes)]
+    for flag in ("gpus_per_client", "ray_address"):
+        if getattr(args, flag, None):
+            parts += [f"--{flag.replace('_', '-')}", str(getattr(args, flag))]
     extra = f"resume=true run-name={_toml_string(run_dir.name)} output-dir={_toml_string(str(run_dir.parent))}"
     return " ".join([*parts, "-c", _shell_word(extra)])
 
@@ -281,8 +284,9 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--gpus-per-client",
         type=float,
-        default=0.0,
-        help="GPU share per simulated client, e.g. 0.25 puts four clients on one GPU",
+        default=None,
+        help="GPU share per simulated client, e.g. 0.25 puts four clients on one GPU (default: 1 on a host with "
+        "GPUs when device is 'auto' or 'cuda', else 0)",
     )
     parser.add_argument(
         "--ray-address",
@@ -293,6 +297,25 @@ def _parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--flwr-home", default=None, help="Flower's home (default: <app>/.flwr-home)")
     return parser
+
+
+def gpu_share(device: str, args: argparse.Namespace) -> tuple[float, str | None]:
+    """Each simulated client's GPU share (``--gpus-per-client`` or the rule for this host) and a note; a
+    ``ConfigError`` for a combination that would fail in every client (``engine.devices.launcher_gpu_share``)."""
+    from fedrapp_app.engine.devices import host_gpu_count, launcher_gpu_share, parse_device
+
+    if args.ray_address:  # the GPUs are the cluster's, not this host's: Ray places the shares asked for
+        share = float(args.gpus_per_client or 0.0)
+        if parse_device(device)[0] == "cuda" and share == 0:
+            raise ConfigError(
+                f"device={device!r} on a Ray cluster: give each client a GPU share with --gpus-per-client "
+                "(1, or 0.25 to put four clients on a GPU); without one Ray hides the GPUs from the clients"
+            )
+        return share, None
+    try:
+        return launcher_gpu_share(device, host_gpu_count(), args.gpus_per_client)
+    except ValueError as err:
+        raise ConfigError(str(err)) from None
 
 
 def check_ray_address(address: str, timeout: float = 3.0) -> None:
@@ -325,6 +348,9 @@ def prepare(args: argparse.Namespace, app_dir: Path) -> tuple[dict, RunConfig, P
     config = RunConfig.from_run_config(values)
     if args.ray_address:
         check_ray_address(args.ray_address)
+    args.gpu_share, note = gpu_share(str(config["device"]), args)
+    if note:
+        print(f"fedrapp-sim: {note}", flush=True)
     supernodes = args.supernodes or config.num_clients or DEFAULT_SUPERNODES
     if config.num_clients and config.num_clients != supernodes:
         raise ConfigError(
@@ -404,7 +430,7 @@ def launch(args: argparse.Namespace, app_dir: Path, values: dict, config: RunCon
         write_connection(env, CONNECTION, f"127.0.0.1:{port}")
         federation = (
             f"num-supernodes={config.num_clients} client-resources-num-cpus={args.cpus_per_client} "
-            f"client-resources-num-gpus={args.gpus_per_client}"
+            f"client-resources-num-gpus={args.gpu_share}"
         )
         # flwr run refuses a .toml file beside k=v pairs: pass the merged config as k=v pairs.
         merged = {**values, **forced}

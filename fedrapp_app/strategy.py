@@ -94,7 +94,7 @@ class ClientRow:
     reason: str = ""
     upload: Upload | None = None
     skipped: list[str] = field(default_factory=list)  # undecodable samples of its batch ("name: reason")
-    where: dict[str, str] = field(default_factory=dict)  # where the client ran: host, ray-node
+    where: dict[str, str] = field(default_factory=dict)  # where the client ran: host, ray-node, device
 
 
 @dataclass
@@ -148,12 +148,12 @@ def no_client_started(failed: dict[int, str]) -> str:
 
 def _notes(content: RecordDict) -> tuple[list[str], dict[str, str]]:
     """What a reply's notes say, for the results only (never read by the rule): the undecodable samples of
-    the batch, and where the client ran (``host``, ``ray-node``)."""
+    the batch, and where the client ran (``host``, ``ray-node``, ``device``)."""
     notes = content.config_records.get(NOTES)
     if notes is None:
         return [], {}
     skipped = notes.get("skipped-samples")
-    where = {k: str(notes[k]) for k in ("host", "ray-node") if isinstance(notes.get(k), str)}
+    where = {k: str(notes[k]) for k in ("host", "ray-node", "device") if isinstance(notes.get(k), str)}
     return ([str(v) for v in skipped] if isinstance(skipped, list) else []), where
 
 

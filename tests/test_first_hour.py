@@ -391,3 +391,35 @@ def test_a_ray_address_that_does_not_answer_is_refused_at_once():
         check_ray_address(f"127.0.0.1:{free_port()}")
     with pytest.raises(ConfigError, match="HOST:PORT"):
         check_ray_address("my-cluster")
+
+
+def test_the_launcher_gives_clients_a_gpu_share_on_a_gpu_host_and_refuses_what_would_fail(monkeypatch, tmp_path):
+    import argparse
+
+    from fedrapp_app.engine import devices
+    from fedrapp_app.launch import gpu_share
+
+    def args(**kw) -> argparse.Namespace:
+        return argparse.Namespace(**{"ray_address": "", "gpus_per_client": None, **kw})
+
+    count = devices.host_gpu_count
+    monkeypatch.setattr(devices, "host_gpu_count", lambda *a, **k: 2)
+    share, note = gpu_share("auto", args())
+    assert share == 1.0 and "--gpus-per-client 1/k" in note
+    assert gpu_share("auto", args(gpus_per_client=0.25)) == (0.25, None)
+    with pytest.raises(ConfigError, match="cuda:0"):
+        gpu_share("cuda:1", args())
+    with pytest.raises(ConfigError, match="--gpus-per-client 1"):
+        gpu_share("cuda", args(gpus_per_client=0.0))
+    monkeypatch.setattr(devices, "host_gpu_count", lambda *a, **k: 0)
+    assert gpu_share("auto", args()) == (0.0, None)
+    with pytest.raises(ConfigError, match="no GPU"):
+        gpu_share("cuda", args())
+    with pytest.raises(ConfigError, match="Ray cluster"):
+        gpu_share("cuda", args(ray_address="10.0.0.1:6379"))
+    assert gpu_share("cuda", args(ray_address="10.0.0.1:6379", gpus_per_client=0.5)) == (0.5, None)
+    driver = tmp_path / "gpus"
+    for bus in ("0000:01:00.0", "0000:02:00.0", "0000:03:00.0"):
+        (driver / bus).mkdir(parents=True)
+    assert count("", driver) == 0 and count("2,0", driver) == 2 and count("0,7,1", driver) == 1
+    assert count("GPU-abc", driver) == 1 and count("1,2", tmp_path / "none") == 0

@@ -13,7 +13,8 @@ Facts these rules follow:
   the fast setting); :func:`set_deterministic` asks torch for deterministic kernels.
 
 Everything here except those two flag setters is a pure function of its arguments (the tests fake GPU counts
-and ``CUDA_VISIBLE_DEVICES``).
+and ``CUDA_VISIBLE_DEVICES``). The rules import no torch (``fedrapp-sim`` checks them in a second); the
+helpers that move tensors do.
 """
 
 from __future__ import annotations
@@ -22,9 +23,12 @@ import math
 import os
 import re
 from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING
 
-import torch
-from torch import Tensor
+if TYPE_CHECKING:  # torch is imported where it is used: the launcher checks devices without loading it
+    import torch
+    from torch import Tensor
 
 _DEVICE = re.compile(r"^(auto|cpu|cuda)(?::(\d+))?$")
 #: Shown in every message about the simulation's GPU rule.
@@ -86,6 +90,22 @@ def check_device(device: str, visible_count: int, cuda_visible_devices: str | No
             f"--node-config \"device='cuda:{index}'\""
         )
     return None
+
+
+def host_gpu_count(cuda_visible_devices: str | None = None, driver: Path = Path("/proc/driver/nvidia/gpus")) -> int:
+    """GPUs this host offers to a new process, without loading torch or CUDA: the NVIDIA driver's GPU list
+    (Linux), narrowed by ``CUDA_VISIBLE_DEVICES`` (default: this process's). 0 without the driver."""
+    physical = len(list(driver.iterdir())) if driver.is_dir() else 0
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES") if cuda_visible_devices is None else cuda_visible_devices
+    if visible is None or physical == 0:
+        return physical
+    count = 0
+    for entry in visible.split(","):  # CUDA stops at the first invalid entry
+        entry = entry.strip()
+        if not ((entry.isdigit() and int(entry) < physical) or entry.startswith(("GPU-", "MIG-"))):
+            break
+        count += 1
+    return min(count, physical)
 
 
 def launcher_gpu_share(
@@ -166,11 +186,16 @@ def describe_device(
     ``gpu_name`` maps a CUDA index to the GPU's name (default ``torch.cuda.get_device_name``); the physical GPU
     behind ``cuda:0`` in a Ray actor or a SuperNode is what ``CUDA_VISIBLE_DEVICES`` says.
     """
+    import torch
+
     device = torch.device(device)
     if device.type != "cuda":
         return str(device.type)
     index = 0 if device.index is None else device.index
-    name = (gpu_name or torch.cuda.get_device_name)(index)
+    try:
+        name = (gpu_name or torch.cuda.get_device_name)(index)
+    except (RuntimeError, AssertionError):  # no CUDA to ask (e.g. the tests' emulation of cuda:0 on the CPU)
+        name = "GPU name unknown"
     where = "" if cuda_visible_devices is None else f"; CUDA_VISIBLE_DEVICES={cuda_visible_devices}"
     return f"cuda:{index} ({name}{where})"
 
@@ -184,6 +209,8 @@ def disable_tf32() -> None:
     """fp32 means IEEE float32 on a GPU: TF32 off for CUDA matmuls (torch's default) and cuDNN convolutions
     (cuDNN's default is on). Process-wide; :func:`~fedrapp_app.engine.load_clip` calls it for a CUDA device,
     ``benchmarks/gpu_step.py`` too, so the benchmark's fp32 row is the app's fp32. No effect on the CPU."""
+    import torch
+
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
 
@@ -198,6 +225,8 @@ def set_deterministic(enabled: bool) -> None:
     no deterministic CUDA kernel then raises an error naming it instead of silently varying. The CPU's
     kernels used here are deterministic either way.
     """
+    import torch
+
     if enabled:
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
     torch.use_deterministic_algorithms(enabled)
@@ -206,14 +235,17 @@ def set_deterministic(enabled: bool) -> None:
 
 
 # ----- few host-device copies: on a GPU each blocking copy waits for the device's queue to drain --------
-def to_device_once(parts: Sequence[Tensor], device: torch.device, dtype: torch.dtype = torch.float32) -> list[Tensor]:
-    """Host tensors -> ``device`` in one copy: float parts in ``dtype``, integer parts as long.
+def to_device_once(parts: Sequence[Tensor], device: torch.device, dtype: torch.dtype | None = None) -> list[Tensor]:
+    """Host tensors -> ``device`` in one copy: float parts in ``dtype`` (default float32), integer parts as long.
 
     Integer parts travel as float (exact below 2^24 in float32, 2^53 in float64). The results are views of
     one device buffer (not overlapping).
     """
+    import torch
+
     if not parts:
         return []
+    dtype = dtype or torch.float32
     carrier = torch.float64 if dtype == torch.float64 else torch.float32
     moved = torch.cat([part.reshape(-1).to(carrier) for part in parts]).to(device)
     return [
@@ -227,6 +259,8 @@ def to_host_once(tensors: Sequence[Tensor]) -> list[Tensor]:
 
     The results are views of one new host buffer (not overlapping, not sharing memory with the inputs).
     """
+    import torch
+
     if not tensors:
         return []
     flat = torch.cat([tensor.detach().reshape(-1).to(torch.float32) for tensor in tensors]).cpu()
