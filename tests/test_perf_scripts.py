@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import json
+import os
+import shutil
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -97,3 +100,21 @@ def test_naive_timings_are_reused_only_at_the_same_sizes(tmp_path):
     with pytest.raises(ValueError, match="not a client_step.py --json file"):
         client_step.reused_naive(tmp_path / "other.json", same)
     assert client_step.agreement(None).startswith("n/a") and client_step.agreement(1.0) == "100%"
+
+
+@pytest.mark.slow
+def test_gpu_check_script_runs_its_cpu_path_end_to_end(tmp_path):
+    """benchmarks/gpu_check.sh --cpu: every step of the GPU check at toy sizes, a summary, exit 0."""
+    import subprocess
+
+    script = Path(__file__).resolve().parent.parent / "benchmarks" / "gpu_check.sh"
+    ray_tmp = tempfile.mkdtemp(prefix="fr-ray-")  # short: Ray's socket paths must fit in 107 bytes
+    try:
+        done = subprocess.run(["bash", str(script), "--cpu", str(tmp_path / "out")], capture_output=True, text=True,
+                              timeout=900, env={**os.environ, "RAY_TMPDIR": ray_tmp})  # fmt: skip
+    finally:
+        shutil.rmtree(ray_tmp, ignore_errors=True)
+    assert done.returncode == 0, done.stdout[-3000:]
+    summary = (tmp_path / "out" / "summary.txt").read_text()
+    assert "default federation fp32:" in summary and "default federation bf16:" in summary
+    assert "client 3 on cpu" in summary and "all steps ok" in done.stdout
