@@ -12,7 +12,10 @@ testbed model, AdaPrompt + FedRAPP, IID, one CPU thread per client) once with ea
 * ``client``: the longest client ``t-total`` (set-up incl. model load, data, adaptation);
 * ``own`` (warm only, exact): per node, from the executor's stats, the time from the SuperNode creating the
   task to the worker reporting it done, minus the ClientApp's own call: polling for the task, pulling it,
-  loading the app (first task), pushing the reply. The round's ``own`` is the largest over nodes;
+  loading the app (first task), pushing the reply. The round's ``own`` is the largest over nodes.
+  ``download`` is the part of a worker's pull spent waiting for the SuperNode to download the message from
+  the SuperLink (the SuperNode creates the task before it has the message; a fresh process arrives seconds
+  later and never waits): Flower's transfer, inside ``own``; ``own_max_without_download`` leaves it out;
 * ``flower`` (warm): ``wall - client - own``: what is left is Flower's: the SuperNode's 3 s idle poll
   before it takes the message, its 0.5 s wait for the reply, the transfers, and the ServerApp grid's 3 s
   poll for replies. A round's wall is therefore close to a multiple of 3 s.
@@ -216,9 +219,15 @@ def round_table(raw: dict[str, Any]) -> list[dict[str, Any]]:
             "model_loaded": sum(int(m["model-loaded"]) for m in clients.values()),
         }
         if raw["stats"]:
-            own = [raw["stats"][c][number]["own_seconds"] for c in clients]
+            tasks = [raw["stats"][c][number] for c in clients]
+            own = [t["own_seconds"] for t in tasks]
+            # the part of a worker's pull spent waiting for the SuperNode to download the message objects
+            # from the SuperLink (it creates the task before it has them): Flower's transfer, not ours
+            download = [t["seconds"].get("pull-objects", 0.0) for t in tasks]
             row["own_max"] = round(max(own), 3)
             row["own_median"] = round(statistics.median(own), 3)
+            row["own_max_without_download"] = round(max(o - d for o, d in zip(own, download, strict=True)), 3)
+            row["download_max"] = round(max(download), 3)
             row["flower"] = round(wall - compute - max(own), 3)
         table.append(row)
     return table
@@ -243,6 +252,7 @@ def summarize(raw: dict[str, Any], table: list[dict[str, Any]]) -> dict[str, Any
         summary.update(
             rounds_2plus_own_median=statistics.median(r["own_median"] for r in later),
             rounds_2plus_own_max=max(r["own_max"] for r in later),
+            rounds_2plus_own_max_without_download=max(r["own_max_without_download"] for r in later),
             rounds_2plus_flower_median=statistics.median(r["flower"] for r in later),
             app_cpu_per_message=round(statistics.fmean(s["cpu_app_seconds"] for s in tasks), 3),
             worker_rss_mib_last=round(max(node[-1]["rss_bytes"] for node in raw["stats"].values()) / 2**20, 1),
@@ -257,14 +267,15 @@ def print_run(raw: dict[str, Any], table: list[dict[str, Any]], summary: dict[st
         f"(mean {load['mean']}), run {raw['seconds']:.0f} s"
     )
     header = f"{'round':>5} {'wall':>7} {'client':>7} {'wall-cl':>8} {'setup':>6} {'loaded':>6}"
-    print(header + (f" {'own max':>8} {'own med':>8} {'flower':>7}" if raw["stats"] else ""))
+    print(header + (f" {'own max':>8} {'own med':>8} {'download':>8} {'flower':>7}" if raw["stats"] else ""))
     for row in table:
         line = (
             f"{row['round']:>5} {row['wall']:>7.2f} {row['client']:>7.2f} {row['wall_minus_client']:>8.2f} "
             f"{row['setup_max']:>6.2f} {row['model_loaded']:>6}"
         )
         if raw["stats"]:
-            line += f" {row['own_max']:>8.2f} {row['own_median']:>8.2f} {row['flower']:>7.2f}"
+            line += f" {row['own_max']:>8.2f} {row['own_median']:>8.2f} {row['download_max']:>8.2f}"
+            line += f" {row['flower']:>7.2f}"
         print(line)
     for key, value in summary.items():
         print(f"  {key}: {value}")

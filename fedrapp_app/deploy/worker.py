@@ -136,6 +136,7 @@ def pull_input(
     send(Pulled(spec.task_id, pulled.messages_list[0].SerializeToString(), context.node_id))
     node = Node(node_id=context.node_id)
     tree = pulled.message_object_trees[0]
+    started = time.perf_counter()
     message = pull_and_inflate_object_from_tree(
         tree,
         make_pull_object_fn_protobuf(client.PullObject, node, context.run_id),
@@ -145,6 +146,8 @@ def pull_input(
         backoff_cap=PULL_RETRY_CAP,
         max_tries_per_object=None,
     )
+    # mostly waiting for the SuperNode to download the message from the SuperLink (see PULL_FIRST_RETRY)
+    seconds["pull-objects"] = time.perf_counter() - started
     message.metadata.__dict__["_message_id"] = tree.object_id  # as Flower does: not part of the deflated message
     return message, context, run, fab
 
