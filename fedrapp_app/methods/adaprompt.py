@@ -38,6 +38,7 @@ from fedrapp_app.engine.prompts import PromptedCLIP
 from fedrapp_app.methods.base import (
     Adaptation,
     LocalMethod,
+    OwnPrompt,
     adamw_state_arrays,
     check_prompt,
     check_state_keys,
@@ -45,6 +46,7 @@ from fedrapp_app.methods.base import (
     initial_context,
     load_adamw_state,
     mean_entropy,
+    with_own_score,
 )
 from fedrapp_app.methods.scaling import scaler_for
 
@@ -145,6 +147,7 @@ class AdaPromptParams:
     weight_decay: float = 0.01  # torch.optim.AdamW's default, used by the reference
     double_softmax: bool = True  # the reference's softmax before CrossEntropyLoss
     csc: bool = False  # class-specific context (ours for AdaPrompt): each block is [C, n_k, D]
+    own_prompt: bool = False  # ours: keep P~ and score it on the next batch (H_own, base.OwnPrompt)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "init_texts", tuple(self.init_texts))
@@ -169,6 +172,7 @@ class AdaPrompt(LocalMethod):
         self.buffer = ConfidenceBuffer(self.params.buffer_size)
         self._optimizer_state: dict[str, np.ndarray] = {}
         self._scaler_state: dict[str, np.ndarray] = {}  # fp16 loss scale (empty otherwise)
+        self.own = OwnPrompt(self.params.own_prompt)
 
     def initial_prompt(self, pclip: PromptedCLIP) -> list[Tensor]:
         return [initial_context(pclip, text, self.params.csc) for text in self.params.init_texts]
@@ -197,6 +201,7 @@ class AdaPrompt(LocalMethod):
         # receives P0, whose features the labeller just computed)
         text = pclip.text_features(params) if update else pclip.constant_text_features(params)
         before = pclip.logits(features, text.detach())
+        own = self.own.score(pclip, received, features, before)
         after, loss = before, 0.0
         scaler = scaler_for(pclip.clip.precision, self._scaler_state, self._SCALER)
         if update:
@@ -213,7 +218,7 @@ class AdaPrompt(LocalMethod):
             with torch.no_grad():
                 after = pclip.logits(features, pclip.text_features(params))
             loss = float(objective.detach())
-        return Adaptation(
+        adaptation = Adaptation(
             prompt=detached(params),
             predictions=after.argmax(-1).cpu(),
             predictions_before=before.argmax(-1).cpu(),
@@ -228,13 +233,17 @@ class AdaPrompt(LocalMethod):
                 **scaler.stats(),
             },
         )
+        self.own.keep(adaptation.prompt)
+        return with_own_score(adaptation, own)
 
     def state_dict(self) -> dict[str, np.ndarray]:
         state = self.buffer.state_arrays(self._BUFFER)
         state.update({key: value.copy() for key, value in {**self._optimizer_state, **self._scaler_state}.items()})
+        state.update(self.own.state_arrays())
         return state
 
     def load_state_dict(self, state: dict[str, np.ndarray]) -> None:
+        state = self.own.load(state)
         check_state_keys(state, [self._BUFFER, self._OPTIMIZER, self._SCALER], self.name)
         self.buffer.load_arrays(state, self._BUFFER)
         self._optimizer_state = {k: np.array(v) for k, v in state.items() if k.startswith(self._OPTIMIZER)}

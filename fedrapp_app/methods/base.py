@@ -31,6 +31,10 @@ class Adaptation:
     h_pre: float  # mean prediction entropy on the batch, received prompt
     h_post: float  # the same after adaptation
     stats: dict[str, float] = field(default_factory=dict)  # method diagnostics
+    # With ``own_prompt`` on (ours): the client's own last tuned prompt P~(t-1) scored on this batch, before
+    # adaptation. None in its first round (no own prompt yet) and when off.
+    h_own: float | None = None  # mean prediction entropy of the own prompt (what FedRAPP's trust option reads)
+    predictions_own: Tensor | None = None  # [B] long: its predictions (scored for the analysis only)
 
 
 class LocalMethod(ABC):
@@ -94,6 +98,98 @@ def check_prompt(prompt: Sequence[Tensor], reference: Sequence[Tensor], method: 
 def detached(blocks: Sequence[Tensor]) -> list[Tensor]:
     """Blocks as detached float32 cpu copies (the form an Adaptation carries), read from the device at once."""
     return to_host_once(blocks)
+
+
+# ----- the own prompt (ours: FedRAPP's trust option, issue 15) ---------------------------------------------
+@dataclass(frozen=True)
+class OwnScore:
+    """The own last tuned prompt P~(t-1) on this round's batch, beside the received prompt (B = batch size)."""
+
+    h_own: float  # mean prediction entropy of the own prompt
+    predictions: Tensor  # [B] long
+    stats: dict[str, float]  # for the analysis: own_* marginal entropies and agreement with the received prompt
+
+
+def batch_marginal_entropy(logits: Tensor) -> float:
+    """Entropy of the batch-mean prediction of logits Tensor[B, C] (low when a prompt predicts few classes)."""
+    mean = logits.detach().float().softmax(-1).mean(0)
+    return float(-(mean * mean.clamp_min(1e-30).log()).sum())
+
+
+class OwnPrompt:
+    """This client's own last tuned prompt, kept in the method's client state (keys ``own.block-k``) so that the
+    next round can score it on the new batch (one text pass, no gradient; the image features are the round's).
+
+    It answers "what would this client have predicted had it kept its own prompt?" -- the counterfactual of
+    none-fed -- next to the received prompt's H_pre, so that the server can tell whether what it sent beat
+    what the client had alone (FedRAPP's trust option, ours). Off (``enabled`` False) it keeps nothing.
+    """
+
+    PREFIX = "own."
+
+    def __init__(self, enabled: bool) -> None:
+        self.enabled = enabled
+        self.blocks: list[np.ndarray] | None = None  # float32 blocks of P~(t-1)
+
+    def score(
+        self, pclip: PromptedCLIP, received: Sequence[Tensor], features: Tensor, received_logits: Tensor
+    ) -> OwnScore | None:
+        """Score the kept prompt on image features Tensor[B, E] (None when off or before the first round).
+
+        ``received``: the round's received blocks (the kept ones must have their shapes); ``received_logits``
+        Tensor[B, C]: the received prompt's logits on the same features (for the stats).
+        """
+        if not self.enabled or self.blocks is None:
+            return None
+        kept, expected = [b.shape for b in self.blocks], [tuple(b.shape) for b in received]
+        if kept != expected:
+            raise ValueError(
+                f"the kept own prompt has blocks {kept}, the received prompt {expected}: this client state "
+                "belongs to another method or setting"
+            )
+        with torch.no_grad():
+            blocks = [torch.from_numpy(block).to(pclip.device) for block in self.blocks]
+            logits = pclip.logits(features.to(pclip.device, torch.float32), pclip.text_features(blocks))
+        predictions = logits.argmax(-1).cpu()
+        received = received_logits.detach()
+        return OwnScore(
+            h_own=mean_entropy(logits),
+            predictions=predictions,
+            stats={
+                "own_marginal_entropy": batch_marginal_entropy(logits),
+                "received_marginal_entropy": batch_marginal_entropy(received),
+                "own_agreement": float((predictions == received.argmax(-1).cpu()).float().mean()),
+            },
+        )
+
+    def keep(self, tuned: Sequence[Tensor]) -> None:
+        """Remember the round's tuned prompt P~ (detached float32 cpu blocks) for the next round."""
+        if self.enabled:
+            self.blocks = [np.array(torch.as_tensor(block).detach().cpu().float().numpy()) for block in tuned]
+
+    def state_arrays(self) -> dict[str, np.ndarray]:
+        """``own.block-k`` arrays (empty when off or nothing is kept yet)."""
+        if not self.enabled or self.blocks is None:
+            return {}
+        return {f"{self.PREFIX}block-{k}": block.copy() for k, block in enumerate(self.blocks)}
+
+    def load(self, state: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """Take the ``own.`` keys out of ``state``; return the rest (the method's own keys)."""
+        mine = {key: value for key, value in state.items() if key.startswith(self.PREFIX)}
+        expected = [f"{self.PREFIX}block-{k}" for k in range(len(mine))]
+        if sorted(mine) != sorted(expected):
+            raise ValueError(f"own-prompt state keys {sorted(mine)}, expected {expected}")
+        self.blocks = [np.array(mine[key], dtype=np.float32) for key in expected] if mine else None
+        return {key: value for key, value in state.items() if not key.startswith(self.PREFIX)}
+
+
+def with_own_score(adaptation: Adaptation, own: OwnScore | None) -> Adaptation:
+    """``adaptation`` with the own prompt's score filled in (unchanged when there is none)."""
+    if own is not None:
+        adaptation.h_own = own.h_own
+        adaptation.predictions_own = own.predictions
+        adaptation.stats.update(own.stats)
+    return adaptation
 
 
 # ----- AdamW state <-> arrays -----------------------------------------------------------------------

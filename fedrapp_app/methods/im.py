@@ -40,6 +40,7 @@ from fedrapp_app.engine.prompts import PromptedCLIP
 from fedrapp_app.methods.base import (
     Adaptation,
     LocalMethod,
+    OwnPrompt,
     adamw_state_arrays,
     check_prompt,
     check_state_keys,
@@ -48,6 +49,7 @@ from fedrapp_app.methods.base import (
     initial_context,
     load_adamw_state,
     mean_entropy,
+    with_own_score,
 )
 from fedrapp_app.methods.scaling import scaler_for
 
@@ -65,6 +67,7 @@ class IMParams:
     marginal: str = "batch"  # "batch" (SHOT) or "ema" (running marginal, ours)
     ema_momentum: float = 0.5  # weight of the past in the running marginal (window of about 1 / (1 - momentum))
     csc: bool = False  # class-specific context: one [n, D] context per class (CoOp's CSC), block [C, n, D]
+    own_prompt: bool = False  # ours: keep P~ and score it on the next batch (H_own, base.OwnPrompt)
 
     def __post_init__(self) -> None:
         if self.marginal not in MARGINALS:
@@ -127,6 +130,7 @@ class InformationMaximisation(LocalMethod):
         self._ema: np.ndarray | None = None  # [C] float32, raw (not bias-corrected) running marginal
         self._count = 0  # batches folded into the running marginal
         self._scaler_state: dict[str, np.ndarray] = {}  # fp16 loss scale (empty otherwise)
+        self.own = OwnPrompt(self.params.own_prompt)
 
     def initial_prompt(self, pclip: PromptedCLIP) -> list[Tensor]:
         return [initial_context(pclip, self.params.init_text, self.params.csc)]
@@ -146,6 +150,7 @@ class InformationMaximisation(LocalMethod):
         optimizer = torch.optim.AdamW([context], lr=p.lr, weight_decay=p.weight_decay)
         load_adamw_state(optimizer, [context], self._optimizer_state, self._OPTIMIZER)
         before = pclip.logits(features, pclip.text_features([context]))  # [B, C], received prompt
+        own = self.own.score(pclip, [received], features, before)
         reference = None
         if p.marginal == "ema":
             reference = self._fold_into_running_marginal(batch_marginal(before.detach()).cpu()).to(pclip.device)
@@ -159,7 +164,7 @@ class InformationMaximisation(LocalMethod):
         with torch.no_grad():
             after = pclip.logits(features, pclip.text_features([context]))
         marginal = batch_marginal(before.detach()) if reference is None else reference
-        return Adaptation(
+        adaptation = Adaptation(
             prompt=detached([context]),
             predictions=after.argmax(-1).cpu(),
             predictions_before=before.detach().argmax(-1).cpu(),
@@ -174,6 +179,8 @@ class InformationMaximisation(LocalMethod):
                 **scaler.stats(),
             },
         )
+        self.own.keep(adaptation.prompt)
+        return with_own_score(adaptation, own)
 
     def _fold_into_running_marginal(self, marginal: Tensor) -> Tensor:
         """Add this batch's marginal Tensor[C] to the running one; return the bias-corrected m Tensor[C]."""
@@ -193,9 +200,11 @@ class InformationMaximisation(LocalMethod):
         if self._ema is not None:
             state[f"{self._MARGINAL}ema"] = self._ema.copy()
             state[f"{self._MARGINAL}count"] = np.asarray(self._count, dtype=np.int64)
+        state.update(self.own.state_arrays())
         return state
 
     def load_state_dict(self, state: dict[str, np.ndarray]) -> None:
+        state = self.own.load(state)
         check_state_keys(state, [self._OPTIMIZER, self._MARGINAL, self._SCALER], self.name)
         self._scaler_state = {k: np.array(v) for k, v in state.items() if k.startswith(self._SCALER)}
         marginal = {key[len(self._MARGINAL) :]: value for key, value in state.items() if key.startswith(self._MARGINAL)}

@@ -34,6 +34,7 @@ from fedrapp_app.engine.prompts import PromptedCLIP
 from fedrapp_app.methods.base import (
     Adaptation,
     LocalMethod,
+    OwnPrompt,
     adamw_state_arrays,
     check_prompt,
     check_state_keys,
@@ -41,6 +42,7 @@ from fedrapp_app.methods.base import (
     initial_context,
     load_adamw_state,
     mean_entropy,
+    with_own_score,
 )
 from fedrapp_app.methods.scaling import LossScaler, scaler_for
 
@@ -59,6 +61,7 @@ class TPTParams:
     csc: bool = False  # class-specific context: one [n, D] context per class (CoOp's CSC), block [C, n, D]
     image_chunk: int = 256  # views per image-tower call (memory bound)
     text_chunk: int = 2048  # text sequences per pass in episodic mode (memory bound)
+    own_prompt: bool = False  # ours: keep P~ and score it on the next batch's original views (base.OwnPrompt)
 
     def __post_init__(self) -> None:
         if self.n_views < 0:
@@ -109,6 +112,7 @@ class TPT(LocalMethod):
     def __init__(self, params: TPTParams | None = None) -> None:
         self.params = params or TPTParams()
         self._scaler_state: dict[str, np.ndarray] = {}  # fp16 loss scale (empty otherwise)
+        self.own = OwnPrompt(self.params.own_prompt)
 
     def initial_prompt(self, pclip: PromptedCLIP) -> list[Tensor]:
         return [initial_context(pclip, self.params.init_text, self.params.csc)]
@@ -142,7 +146,8 @@ class TPT(LocalMethod):
         scaler = scaler_for(pclip.clip.precision, self._scaler_state, self._SCALER)
         tuned, before, after, loss = self._episodic_steps(pclip, received, features, scaler)
         self._scaler_state = scaler.state_arrays(self._SCALER)
-        return Adaptation(
+        own = self.own.score(pclip, [received], features[:, 0], before)
+        adaptation = Adaptation(
             prompt=detached([tuned.mean(0)]),
             predictions=after.argmax(-1).cpu(),
             predictions_before=before.argmax(-1).cpu(),
@@ -155,11 +160,14 @@ class TPT(LocalMethod):
                 **scaler.stats(),
             },
         )
+        self.own.keep(adaptation.prompt)
+        return with_own_score(adaptation, own)
 
     def state_dict(self) -> dict[str, np.ndarray]:
-        return {key: value.copy() for key, value in self._scaler_state.items()}
+        return {key: value.copy() for key, value in self._scaler_state.items()} | self.own.state_arrays()
 
     def load_state_dict(self, state: dict[str, np.ndarray]) -> None:
+        state = self.own.load(state)
         unknown = sorted(key for key in state if not key.startswith(self._SCALER))
         if unknown:  # episodic: nothing persists but fp16's loss scale
             raise ValueError(f"method {self.name!r} keeps no client state but fp16's loss scale, got keys {unknown}")
@@ -215,6 +223,7 @@ class TPTOnline(TPT):
         load_adamw_state(optimizer, [context], self._optimizer_state, self._PREFIX)
         text = pclip.text_features([context])[0]  # [C, E], received prompt
         before = pclip.logit_scale * features[:, 0] @ text.detach().T
+        own = self.own.score(pclip, [received], features[:, 0], before)
         after, losses = [], []
         for b in range(features.shape[0]):
             loss, _ = tpt_loss(pclip.logit_scale * features[b] @ text.T, p.views_kept)
@@ -229,7 +238,7 @@ class TPTOnline(TPT):
         self._optimizer_state = adamw_state_arrays(optimizer, [context], self._PREFIX)
         self._scaler_state = scaler.state_arrays(self._SCALER)
         after_logits = torch.stack(after)
-        return Adaptation(
+        adaptation = Adaptation(
             prompt=detached([context]),
             predictions=after_logits.argmax(-1).cpu(),
             predictions_before=before.argmax(-1).cpu(),
@@ -242,11 +251,15 @@ class TPTOnline(TPT):
                 **scaler.stats(),
             },
         )
+        self.own.keep(adaptation.prompt)
+        return with_own_score(adaptation, own)
 
     def state_dict(self) -> dict[str, np.ndarray]:
-        return {key: value.copy() for key, value in {**self._optimizer_state, **self._scaler_state}.items()}
+        state = {key: value.copy() for key, value in {**self._optimizer_state, **self._scaler_state}.items()}
+        return state | self.own.state_arrays()
 
     def load_state_dict(self, state: dict[str, np.ndarray]) -> None:
+        state = self.own.load(state)
         check_state_keys(state, [self._PREFIX, self._SCALER], self.name)
         self._optimizer_state = {k: np.array(v) for k, v in state.items() if k.startswith(self._PREFIX)}
         self._scaler_state = {k: np.array(v) for k, v in state.items() if k.startswith(self._SCALER)}

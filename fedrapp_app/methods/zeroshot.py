@@ -20,9 +20,10 @@ from fedrapp_app.methods.base import Adaptation, LocalMethod, check_prompt, mean
 
 @dataclass(frozen=True)
 class ZeroShotParams:
-    """init_text: the context whose embeddings form the (unused) travelling prompt."""
+    """init_text: the context whose embeddings form the (unused) travelling prompt; own_prompt: see base.OwnPrompt."""
 
     init_text: str = "a photo of a"
+    own_prompt: bool = False  # ours: report H_own; the prompt plays no part here, so H_own = H_pre
 
 
 class ZeroShot(LocalMethod):
@@ -44,4 +45,7 @@ class ZeroShot(LocalMethod):
         logits = pclip.logits(features, pclip.hard_prompt_features().unsqueeze(0))  # [B, C]
         predictions = logits.argmax(-1).cpu()
         h = mean_entropy(logits)
-        return Adaptation(received, predictions, predictions.clone(), h, h, {"updated": 0.0})
+        adaptation = Adaptation(received, predictions, predictions.clone(), h, h, {"updated": 0.0})
+        if self.params.own_prompt:  # whichever prompt the client kept, zero-shot predicts the same
+            adaptation.h_own, adaptation.predictions_own = h, predictions.clone()
+        return adaptation
