@@ -2,7 +2,8 @@
 
 Server side (``<run_dir>/checkpoint.npz``, written atomically after every round): memories, the prompts last
 sent, which streams ended, every client's next stream position, the initial prompt, the round, the sampling
-RNG state and the run token. ``resume = true`` (with the same ``run-name``) continues from it.
+RNG state, the run token and what the server rule carries between rounds (FedRAPP's trust option: each
+client's trust). ``resume = true`` (with the same ``run-name``) continues from it.
 
 Client side (``<state dir>/<run token>/client-<id>-pos<p>.npz``): the local method's state (AdaPrompt's
 buffer, optimizer moments, step counters) as it was when the client reached stream position ``p``; the two
@@ -17,13 +18,14 @@ from __future__ import annotations
 import json
 import os
 import secrets
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 SERVER_FILE = "checkpoint.npz"
+RULE_STATE = "rule-state."  # prefix of the arrays a server rule carries between rounds (older checkpoints: none)
 CLIENT_STATE_DIR = "client-state"
 
 
@@ -54,6 +56,7 @@ class ServerCheckpoint:
     rng_state: dict[str, Any]
     token: str
     config: dict[str, Any]
+    rule_state: dict[str, np.ndarray] = field(default_factory=dict)  # per-client arrays a rule carries (trust)
 
     def save(self, run_dir: Path) -> None:
         meta = {
@@ -72,6 +75,7 @@ class ServerCheckpoint:
                 "positions": self.positions,
                 "p0": self.p0,
                 "meta": np.array(json.dumps(meta)),
+                **{RULE_STATE + name: value for name, value in self.rule_state.items()},
             },
         )
 
@@ -96,6 +100,7 @@ class ServerCheckpoint:
                 meta["rng_state"],
                 meta["token"],
                 meta["config"],
+                {name[len(RULE_STATE) :]: data[name] for name in data.files if name.startswith(RULE_STATE)},
             )
 
 

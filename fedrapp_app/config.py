@@ -214,6 +214,12 @@ KEYS: tuple[Key, ...] = (
         False,
         "class-specific context (ours): one context per class (CoOp's CSC) in tpt, tpt-online, adaprompt, im",
     ),
+    Key(
+        "report-own-prompt",
+        False,
+        "ours: each client also scores its own last tuned prompt on every new batch (H_own and its accuracy in the "
+        "rows; one extra text pass); always on with FedRAPP's trust option, which reads H_own",
+    ),
     # --- FedRAPP (SPEC §4) and FedAMP (SPEC §5) ---------------------------------------------------
     Key("lambda-drop", 1.0, "FedRAPP weight of the entropy drop H_pre - H_post in the reliability", minimum=0.0),
     Key("lambda-ent", 0.5, "FedRAPP weight of the post-adaptation entropy in the reliability", minimum=0.0),
@@ -228,6 +234,28 @@ KEYS: tuple[Key, ...] = (
         0.0,
         "FedRAPP (ours): memories and peer mixing use each update clipped to this multiple "
         "of the round's median update norm; the reliability still sees the raw update (0 = off)",
+        minimum=0.0,
+    ),
+    Key(
+        "trust-rate",
+        0.0,
+        "FedRAPP trust option (ours): how far one round's evidence (the sent prompt's entropy H_pre against the "
+        "client's own prompt's H_own on the new batch) moves a client's trust, the factor on its mu and gamma "
+        "(0 = off: the paper's rule)",
+        minimum=0.0,
+        maximum=1.0,
+    ),
+    Key(
+        "trust-init",
+        1.0,
+        "FedRAPP trust option (ours): every client's trust before any evidence (1 = the paper's mu and gamma)",
+        minimum=0.0,
+        maximum=1.0,
+    ),
+    Key(
+        "trust-scale",
+        0.0,
+        "FedRAPP trust option (ours): evidence = tanh((H_own - H_pre) / trust-scale); 0 = its sign",
         minimum=0.0,
     ),
     Key(
@@ -391,6 +419,9 @@ RULE_KEYS: dict[str, dict[str, str]] = {
         "gamma0": "gamma0",
         "gamma-max": "gamma_max",
         "update-clip": "update_clip",
+        "trust-rate": "trust_rate",
+        "trust-init": "trust_init",
+        "trust-scale": "trust_scale",
     },
     "none-fed": {},
     "fedavg": {},
@@ -461,7 +492,16 @@ class RunConfig:
     def method_params(self) -> tuple[str, dict[str, Scalar]]:
         """Name and hyperparameters of the local method."""
         name = str(self.values["local-method"])
-        return name, {param: self.values[key] for key, param in METHOD_KEYS[name].items()}
+        params = {param: self.values[key] for key, param in METHOD_KEYS[name].items()}
+        if self.reports_own_prompt:
+            params["own_prompt"] = True
+        return name, params
+
+    @property
+    def reports_own_prompt(self) -> bool:
+        """Whether clients score their own last tuned prompt on each batch (H_own): asked for, or read by the
+        server rule (FedRAPP's trust option)."""
+        return bool(self.values["report-own-prompt"]) or _rule_reads_h_own(self.values)
 
     def rule_params(self) -> tuple[str, dict[str, Any]]:
         """Name and hyperparameters of the server rule."""
@@ -495,6 +535,11 @@ class RunConfig:
         v = self.values
         model = str(v["model"]).rstrip("/").split("/")[-1]
         return f"{v['dataset']}-{model}-{v['local-method']}-{v['strategy']}-seed{v['seed']}"
+
+
+def _rule_reads_h_own(values: Mapping[str, Scalar]) -> bool:
+    """FedRAPP's trust option (ours) is on: the rule reads each client's H_own."""
+    return values["strategy"] == "fedrapp" and float(values.get("trust-rate", 0.0)) > 0
 
 
 def _domain_groups(spec) -> tuple[int, ...]:

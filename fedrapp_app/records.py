@@ -4,7 +4,8 @@ A prompt is a list of K context blocks; on the wire it is one ``ArrayRecord`` wi
 ``block-{K-1}`` (float32); the server works on the flattened float32 vector. A client's train reply is
 ``{"prompt": ArrayRecord, "metrics": MetricRecord}`` (plus, optionally, ``"notes": ConfigRecord``: text for
 the results, such as the files it could not decode); its metrics carry what the server rule may read
-(``client-id``, ``h-pre``, ``h-post``, ``num-examples``) and reporting values that only the results
+(``client-id``, ``h-pre``, ``h-post``, ``num-examples``; optionally ``h-own``, the entropy of the client's own
+last tuned prompt on the batch, which FedRAPP's trust option reads) and reporting values that only the results
 recorder reads (accuracy counts, timings).
 """
 
@@ -25,6 +26,8 @@ NOTES = "notes"  # optional ConfigRecord of a train reply: text for the results 
 
 #: Metrics the server rule reads; everything else in a reply's metrics is for reporting only.
 RULE_METRICS = ("client-id", "h-pre", "h-post", "num-examples")
+#: Metrics the server rule reads when a reply has them (a reply without them is valid; the rule then sees None).
+OPTIONAL_RULE_METRICS = ("h-own",)
 
 
 def prompt_to_record(blocks: Sequence[np.ndarray]) -> ArrayRecord:
@@ -71,6 +74,7 @@ class Upload:
     h_post: float
     num_examples: int
     report: dict[str, float | int | list]
+    h_own: float | None = None  # entropy of the client's own last tuned prompt on the batch (when reported)
 
 
 class RejectedReply(ValueError):
@@ -118,6 +122,9 @@ def parse_train_reply(
     num_examples = _finite_number(metrics, "num-examples")
     if num_examples < 1 or num_examples != int(num_examples):
         raise RejectedReply(f"num-examples must be a positive integer, got {num_examples}")
+    h_own = _finite_number(metrics, "h-own") if "h-own" in metrics else None
+    if h_own is not None and h_own < 0:
+        raise RejectedReply(f"negative entropy (h-own={h_own})")
 
     if PROMPT not in content.array_records:
         raise RejectedReply(f"no ArrayRecord {PROMPT!r} in the reply")
@@ -137,5 +144,5 @@ def parse_train_reply(
     norm = float(np.linalg.norm(vector.astype(np.float64)))
     if norm > max_norm:
         raise RejectedReply(f"prompt norm {norm:.3g} exceeds the limit {max_norm:.3g}")
-    report = {k: v for k, v in metrics.items() if k not in RULE_METRICS}
-    return Upload(int(client), vector, h_pre, h_post, int(num_examples), report)
+    report = {k: v for k, v in metrics.items() if k not in RULE_METRICS + OPTIONAL_RULE_METRICS}
+    return Upload(int(client), vector, h_pre, h_post, int(num_examples), report, h_own)

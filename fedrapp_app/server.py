@@ -78,6 +78,10 @@ def _row(row: ClientRow, report: RoundReport) -> dict[str, Any]:
     )
     out["acc"] = out["correct"] / u.num_examples
     out["acc_before"] = out["correct_before"] / u.num_examples
+    if u.h_own is not None:  # the own last tuned prompt on the batch (report-own-prompt)
+        out["h_own"] = u.h_own
+        if "correct-own" in report_metrics:
+            out["acc_own"] = int(report_metrics.pop("correct-own")) / u.num_examples
     if report.output is not None:
         d = report.output.diagnostics
         peers, rest = top_peers(d.peer_weights[c])
@@ -89,6 +93,8 @@ def _row(row: ClientRow, report: RoundReport) -> dict[str, Any]:
             gamma=float(d.gamma[c]),
             peer_weights=peers,
         )
+        if d.trust is not None:  # FedRAPP's trust option (ours)
+            out["trust"] = float(d.trust[c])
         if rest > 0:
             out["peer_weights_rest"] = rest
     out["client_metrics"] = report_metrics

@@ -69,6 +69,7 @@ class ServerState:
     positions: np.ndarray  # [N] int: the client's next stream position (-1 = not known yet)
     round: int = 0
     rng: np.random.Generator = field(default_factory=np.random.default_rng)
+    rule_state: dict[str, np.ndarray] = field(default_factory=dict)  # what the rule carries (RoundOutput.state)
 
     @classmethod
     def initial(cls, p0: np.ndarray, num_clients: int, seed: int) -> ServerState:
@@ -316,6 +317,7 @@ class PersonalizedPromptStrategy(Strategy):
             st.rng.bit_generator.state,
             token,
             config,
+            st.rule_state,
         )
 
     def restore(self, checkpoint: ServerCheckpoint) -> None:
@@ -327,6 +329,7 @@ class PersonalizedPromptStrategy(Strategy):
         st.exhausted, st.positions = checkpoint.exhausted.copy(), checkpoint.positions.copy()
         st.round = checkpoint.round
         st.rng.bit_generator.state = checkpoint.rng_state
+        st.rule_state = {k: v.copy() for k, v in checkpoint.rule_state.items()}
         log.info("resumed after round %d", st.round)
 
     # ---------------------------------------------------------------- rounds
@@ -448,14 +451,19 @@ class PersonalizedPromptStrategy(Strategy):
         replied = np.zeros(n, bool)
         tuned = state.sent.copy()
         h_pre, h_post, num_examples = np.zeros(n), np.zeros(n), np.zeros(n)
+        h_own = np.full(n, np.nan)  # NaN: not reported (optional; FedRAPP's trust option reads it)
         for u in uploads:
             replied[u.client_id] = True
             tuned[u.client_id] = u.prompt
             h_pre[u.client_id], h_post[u.client_id] = u.h_pre, u.h_post
             num_examples[u.client_id] = u.num_examples
-        output = self.rule(tuned, state.sent, state.memory, h_pre, h_post, replied, num_examples)
+            h_own[u.client_id] = np.nan if u.h_own is None else u.h_own
+        output = self.rule(
+            tuned, state.sent, state.memory, h_pre, h_post, replied, num_examples, h_own=h_own, state=state.rule_state
+        )
         state.memory = np.asarray(output.memory, dtype=np.float32)
         state.sent = np.asarray(output.personalized, dtype=np.float32)
+        state.rule_state = {k: np.array(v) for k, v in output.state.items()}
         return output
 
     # ---------------------------------------------------------------- evaluation: online, in the train replies

@@ -46,6 +46,7 @@ __all__ = [
     "PARAMS",
     "REFERENCES",
     "RULES",
+    "STATEFUL",
     "BoundRule",
     "Diagnostics",
     "DomainOracleParams",
@@ -95,6 +96,10 @@ PARAMS: dict[str, type[RuleParams]] = {
 #: Rules that use information a real deployment does not have; every table marks them as references.
 REFERENCES = frozenset({"domain-oracle"})
 
+#: Rules that take the optional keyword inputs ``h_own`` (each client's own-prompt entropy, NaN where not
+#: reported) and ``state`` (what the rule carried from its previous round, ``RoundOutput.state``).
+STATEFUL = frozenset({"fedrapp"})
+
 
 def _check_name(name: str) -> str:
     if name not in RULES:
@@ -137,8 +142,17 @@ class BoundRule:
         h_post: ArrayLike,
         replied: ArrayLike,
         num_examples: ArrayLike,
+        *,
+        h_own: ArrayLike | None = None,
+        state: Mapping[str, ArrayLike] | None = None,
     ) -> RoundOutput:
-        return RULES[self.name](tuned, sent, memory, h_pre, h_post, replied, num_examples, self.params)
+        """The rule on one round; ``h_own`` and ``state`` reach only the rules in :data:`STATEFUL`."""
+        rule = RULES[self.name]
+        if self.name in STATEFUL:
+            return rule(  # type: ignore[call-arg]
+                tuned, sent, memory, h_pre, h_post, replied, num_examples, self.params, h_own=h_own, state=state
+            )
+        return rule(tuned, sent, memory, h_pre, h_post, replied, num_examples, self.params)
 
     def summary(self) -> dict[str, Any]:
         """The rule's name and every hyperparameter, for the run log."""

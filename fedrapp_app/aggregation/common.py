@@ -48,6 +48,9 @@ class Diagnostics:
     xi : float64 [N, N] or None
         For rules that mix uploads directly (fedavg, fedamp, fedamp-cos): ``xi[i, j]`` is the weight of
         upload P̃_j in client i's next prompt (FedAMP's ξ). None for fedrapp and none-fed.
+    trust : float64 [N] or None
+        FedRAPP's trust option (ours): each client's trust after the round, the factor on its μ and γ. None
+        when the option is off and for the other rules.
     """
 
     informative: NDArray[np.bool_]
@@ -57,6 +60,7 @@ class Diagnostics:
     peer_weights: NDArray[np.float64]
     gamma: NDArray[np.float64]
     xi: NDArray[np.float64] | None = None
+    trust: NDArray[np.float64] | None = None
 
 
 @dataclass(frozen=True)
@@ -70,11 +74,15 @@ class RoundOutput:
     personalized : float32 [N, d]
         What each client is sent next (the strategy stores it as the new ``sent``).
     diagnostics : Diagnostics
+    state : dict of per-client arrays [N, ...]
+        What a rule carries to its next round besides the memories (FedRAPP's trust option: ``trust``); the
+        strategy stores it, checkpoints it and hands it back as the rule's ``state``. Empty for stateless rules.
     """
 
     memory: NDArray[np.float32]
     personalized: NDArray[np.float32]
     diagnostics: Diagnostics
+    state: dict[str, NDArray[np.float64]] = field(default_factory=dict)
 
 
 class RoundRule(Protocol):

@@ -34,6 +34,7 @@ Choices where SPEC leaves room (also in the report to the lead):
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import numpy as np
@@ -71,6 +72,9 @@ class FedRAPPParams(RuleParams):
     update_clip: float = param(
         0.0, NON_NEGATIVE, "ours: memories and mixing use Δ_i clipped to this × the median ‖Δ‖ over U_t (0 = off)"
     )
+    trust_rate: float = param(0.0, UNIT, "ours: step of a client's trust per round of evidence (0 = off: the paper)")
+    trust_init: float = param(1.0, UNIT, "ours: a client's trust before any evidence (1 = the paper's μ and γ)")
+    trust_scale: float = param(0.0, NON_NEGATIVE, "ours: evidence = tanh((H_own − H_pre)/scale); 0 = its sign")
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -158,6 +162,55 @@ def peer_share(w: NDArray[np.float64], rho: NDArray[np.float64], params: FedRAPP
     return np.minimum(params.gamma_max, params.gamma0 * ratio)
 
 
+#: |H_own − H_pre| at most this × the larger of the two is no evidence: the client was sent its own prompt back
+#: (trust 0) and two text passes over equal prompts may differ in the last bits, nothing more.
+EVIDENCE_RTOL = 1e-6
+
+
+def trust_evidence(
+    h_pre: NDArray[np.float64], h_own: NDArray[np.float64], replied: NDArray[np.bool_], scale: float
+) -> NDArray[np.float64]:
+    """Evidence in [−1, 1] per client [N] that the prompt it was sent beat its own last tuned prompt on the new
+    batch: sign(H_own − H_pre) (``scale`` 0) or tanh((H_own − H_pre)/scale); positive when the sent prompt is the
+    more confident. 0 for clients that did not reply or report no H_own (NaN), and for ties."""
+    known = replied & np.isfinite(h_own)
+    gap = np.where(known, h_own, 0.0) - np.where(known, h_pre, 0.0)
+    tie = np.abs(gap) <= EVIDENCE_RTOL * np.maximum(np.abs(h_pre), np.abs(np.where(known, h_own, 0.0)))
+    evidence = np.tanh(gap / scale) if scale > 0 else np.sign(gap)
+    return np.where(known & ~tie, evidence, 0.0)
+
+
+def updated_trust(
+    trust: NDArray[np.float64], evidence: NDArray[np.float64], replied: NDArray[np.bool_], rate: float
+) -> NDArray[np.float64]:
+    """Each replying client's trust moved by ``rate`` × its evidence, kept in [0, 1]; the others' unchanged [N]."""
+    return np.where(replied, np.clip(trust + rate * evidence, 0.0, 1.0), trust)
+
+
+def previous_trust(state: Mapping[str, ArrayLike] | None, n: int, p: FedRAPPParams) -> NDArray[np.float64]:
+    """The trust a rule's state carries [N] (every client at ``trust_init`` when there is none yet)."""
+    if state is None or "trust" not in state:
+        return np.full(n, p.trust_init)
+    trust = np.asarray(state["trust"], dtype=np.float64)
+    if trust.shape != (n,) or not np.all((trust >= 0) & (trust <= 1)):
+        raise ValueError(f"state['trust'] must hold {n} values in [0, 1], got shape {trust.shape}")
+    return trust
+
+
+def client_h_own(h_own: ArrayLike | None, replied: NDArray[np.bool_]) -> NDArray[np.float64]:
+    """H_own [N] as float64, NaN where a client did not reply or reported none (None: nobody did)."""
+    n = replied.shape[0]
+    if h_own is None:
+        return np.full(n, np.nan)
+    values = np.asarray(h_own, dtype=np.float64)
+    if values.shape != (n,):
+        raise ValueError(f"h_own has shape {values.shape}, expected ({n},) (NaN where a client reported none)")
+    bad = np.flatnonzero(replied & (values < 0))
+    if bad.size:
+        raise ValueError(f"h_own is negative in row(s) {bad[:10].tolist()}: an entropy is >= 0")
+    return np.where(replied, values, np.nan)
+
+
 def personalized_prompts(
     memory: NDArray[np.floating], w: NDArray[np.float64], gamma: NDArray[np.float64]
 ) -> NDArray[np.float64]:
@@ -181,10 +234,15 @@ def fedrapp_round(
     replied: ArrayLike,
     num_examples: ArrayLike,
     params: FedRAPPParams | None = None,
+    *,
+    h_own: ArrayLike | None = None,
+    state: Mapping[str, ArrayLike] | None = None,
 ) -> RoundOutput:
     """One FedRAPP server round (SPEC §4); shapes as in :class:`~fedrapp_app.aggregation.common.RoundRule`.
 
-    ``num_examples`` is not read (FedRAPP weighs clients by reliability, not by batch size).
+    ``num_examples`` is not read (FedRAPP weighs clients by reliability, not by batch size). ``h_own`` [N] (NaN
+    where not reported) and ``state`` (the previous round's ``RoundOutput.state``) are read by the trust option
+    only (``trust_rate`` > 0, ours; see the module docstring); with it off they are ignored.
     """
     p = params if params is not None else FedRAPPParams()
     if not isinstance(p, FedRAPPParams):
@@ -200,21 +258,31 @@ def fedrapp_round(
     informative = x.replied & (delta_norm > p.min_update_norm)
     # 3. reliability
     r = reliability_scores(x.h_pre, x.h_post, drift, informative, p)
+    # trust option (ours): this round's evidence moves each client's trust, which scales its μ and γ below
+    trust = None
+    if p.trust_rate > 0:
+        evidence = trust_evidence(x.h_pre, client_h_own(h_own, x.replied), x.replied, p.trust_scale)
+        trust = updated_trust(previous_trust(state, x.replied.shape[0], p), evidence, x.replied, p.trust_rate)
     # 4. memory (μ = 1 marks the untouched rows of absent clients), from the clipped uploads if asked
     used = x.sent + clipped_updates(delta, delta_norm, informative, p.update_clip) if p.update_clip > 0 else x.tuned
     mu = np.where(x.replied, np.clip(p.mu0 - p.eta * r, 0.0, 1.0), 1.0)
+    if trust is not None:
+        mu = np.where(x.replied, trust * mu, 1.0)
     new_memory = keep_rows(mu[:, None] * x.memory + (1.0 - mu[:, None]) * used, x.memory32, absent)
     # 5. peer weights
     log_rho = log_source_reliability(r)
     w = peer_weights(delta, delta_norm, log_rho, informative, x.replied, p.tau)
     # 6. personalized prompts, mixed from the stored (float32) memories
     gamma = peer_share(w, np.exp(log_rho), p)
+    if trust is not None:
+        gamma = trust * gamma
     personalized = personalized_prompts(new_memory, w, gamma)
     # 7. absent clients are sent again what they were sent
     return RoundOutput(
         memory=new_memory,
         personalized=keep_rows(personalized, x.sent32, absent),
         diagnostics=Diagnostics(
-            informative=informative, update_norm=delta_norm, r=r, mu=mu, peer_weights=w, gamma=gamma
+            informative=informative, update_norm=delta_norm, r=r, mu=mu, peer_weights=w, gamma=gamma, trust=trust
         ),
+        state={} if trust is None else {"trust": trust},
     )

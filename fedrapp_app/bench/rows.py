@@ -3,7 +3,8 @@
 A row holds everything the reports need, so they never reopen a run folder: the cell's overrides and
 identity key, its labels in every grid, the run's summary numbers, per-round curves over all clients and
 per-client curves (accuracy, reliability r, memory rate mu, peer share gamma, the share of the peer weight
-that falls on clients of the same shift domain). The file is rewritten through a rename after each cell,
+that falls on clients of the same shift domain; with report-own-prompt also the own prompt's entropy and
+accuracy, and FedRAPP's trust). The file is rewritten through a rename after each cell,
 so an interrupted grid leaves only whole rows behind.
 """
 
@@ -21,6 +22,15 @@ from typing import Any
 import numpy as np
 
 ROWS_FILE = "cells.jsonl"
+#: Per-client curves that only runs with report-own-prompt have: the own last tuned prompt's entropy and
+#: accuracy on each batch, and FedRAPP's trust (its trust option).
+OWN_PROMPT_KEYS = ("h_own", "acc_own", "trust")
+#: The same runs' method statistics kept as curves: curve name -> client metric (base.OwnPrompt's stats).
+OWN_PROMPT_STATS = {
+    "marginal_own": "stat-own_marginal_entropy",
+    "marginal_received": "stat-received_marginal_entropy",
+    "agreement_own": "stat-own_agreement",
+}
 
 
 def rows_path(bench_dir: str | Path) -> Path:
@@ -130,6 +140,14 @@ def curves_from_rounds(rounds: Sequence[Mapping[str, Any]], domains: Sequence[st
         for key in ("update_norm", "r", "mu", "gamma"):
             value = row.get(key)
             block[key].append(None if value is None else round(float(value), 6))
+        metrics = row.get("client_metrics") or {}
+        extra = {key: row.get(key) for key in OWN_PROMPT_KEYS}
+        extra.update({key: metrics.get(metric) for key, metric in OWN_PROMPT_STATS.items()})
+        for key, value in extra.items():  # only in runs with report-own-prompt (or FedRAPP's trust option)
+            if value is not None or key in block:
+                block.setdefault(key, [None] * (len(block["round"]) - 1)).append(
+                    None if value is None else round(float(value), 6)
+                )
         share = _same_domain_share(row.get("peer_weights") or {}, c, domains)
         block["same_domain_share"].append(None if share is None else round(share, 6))
     order = sorted(by_round)

@@ -1,0 +1,119 @@
+"""The own last tuned prompt (ours, issue 15): every method keeps it in its client state when asked and scores it on
+the next batch (H_own), and the wire format carries H_own as an optional metric the rule may read."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from flwr.app import MetricRecord, RecordDict
+
+from fedrapp_app.config import RunConfig
+from fedrapp_app.methods import METHODS, make_method
+from fedrapp_app.methods.base import OwnPrompt, mean_entropy
+from fedrapp_app.records import METRICS, PROMPT, RejectedReply, parse_train_reply, prompt_to_record
+
+#: Small settings that make every method update from its first batch on the tiny CLIP.
+PARAMS = {
+    "adaprompt": {"threshold": 0.0, "buffer_size": 4},
+    "im": {},
+    "tpt": {"n_views": 3},
+    "tpt-online": {"n_views": 3},
+    "zeroshot": {},
+}
+TUNED = sorted(set(METHODS) - {"zeroshot"})
+
+
+def rounds(method, pclip, batches, nudge: float = 0.01):
+    """Run batches in order; each round receives the last tuned prompt nudged (a server sent something else)."""
+    prompt, results = method.initial_prompt(pclip), []
+    for k, pixels in enumerate(batches):
+        results.append(method.adapt(pclip, prompt, pixels, torch.Generator().manual_seed(k)))
+        prompt = [block + nudge * (k + 1) for block in results[-1].prompt]
+    return results
+
+
+@pytest.mark.parametrize("name", TUNED)
+def test_h_own_is_the_entropy_of_the_last_tuned_prompt_on_the_new_batch(tiny_pclip, make_pixels, name):
+    batches = [make_pixels(6, seed=s) for s in range(3)]
+    results = rounds(make_method(name, PARAMS[name], own_prompt=True), tiny_pclip, batches)
+    assert results[0].h_own is None and results[0].predictions_own is None  # no own prompt before round 1
+    for previous, result, pixels in zip(results, results[1:], batches[1:], strict=False):
+        with torch.no_grad():
+            features = tiny_pclip.image_features(pixels)  # TPT scores the original views: the same features
+            logits = tiny_pclip.logits(features, tiny_pclip.text_features(previous.prompt))
+        assert result.h_own == pytest.approx(mean_entropy(logits), rel=1e-5, abs=1e-6)
+        assert torch.equal(result.predictions_own, logits.argmax(-1))
+        assert 0.0 <= result.stats["own_agreement"] <= 1.0 and result.stats["own_marginal_entropy"] >= 0.0
+
+
+@pytest.mark.parametrize("name", sorted(METHODS))
+def test_keeping_the_own_prompt_changes_no_prompt_and_no_prediction(tiny_pclip, make_pixels, name):
+    batches = [make_pixels(5, seed=s) for s in range(3)]
+    plain = rounds(make_method(name, PARAMS[name]), tiny_pclip, batches)
+    tracked = rounds(make_method(name, PARAMS[name], own_prompt=True), tiny_pclip, batches)
+    for a, b in zip(plain, tracked, strict=True):
+        assert all(torch.equal(x, y) for x, y in zip(a.prompt, b.prompt, strict=True))
+        assert torch.equal(a.predictions, b.predictions) and torch.equal(a.predictions_before, b.predictions_before)
+        assert (a.h_pre, a.h_post) == (b.h_pre, b.h_post) and a.h_own is None
+
+
+@pytest.mark.parametrize("name", TUNED)
+def test_the_own_prompt_survives_a_new_client_process(tiny_pclip, make_pixels, name):
+    batches = [make_pixels(6, seed=s) for s in range(3)]
+    straight = rounds(make_method(name, PARAMS[name], own_prompt=True), tiny_pclip, batches)
+    first = make_method(name, PARAMS[name], own_prompt=True)
+    done = rounds(first, tiny_pclip, batches[:2])
+    state = first.state_dict()
+    assert any(key.startswith(OwnPrompt.PREFIX) for key in state)
+    resumed = make_method(name, PARAMS[name], own_prompt=True)
+    resumed.load_state_dict({k: v.copy() for k, v in state.items()})
+    prompt = [block + 0.02 for block in done[-1].prompt]
+    again = resumed.adapt(tiny_pclip, prompt, batches[2], torch.Generator().manual_seed(2))
+    assert again.h_own == straight[2].h_own  # the kept prompt came back bit for bit
+    plain = make_method(name, PARAMS[name])  # off: nothing is kept
+    rounds(plain, tiny_pclip, batches[:2])
+    assert not any(key.startswith(OwnPrompt.PREFIX) for key in plain.state_dict())
+
+
+def test_zero_shot_reports_its_own_entropy_as_h_own(tiny_pclip, make_pixels):
+    result = make_method("zeroshot", own_prompt=True).adapt(
+        tiny_pclip, make_method("zeroshot").initial_prompt(tiny_pclip), make_pixels(4), torch.Generator()
+    )
+    assert result.h_own == result.h_pre and torch.equal(result.predictions_own, result.predictions)
+
+
+def test_a_kept_prompt_of_another_shape_or_bad_keys_are_refused(tiny_pclip, make_pixels):
+    method = make_method("im", own_prompt=True)
+    with pytest.raises(ValueError, match="own-prompt state keys"):
+        method.load_state_dict({"own.block-1": np.zeros((4, 32), np.float32)})
+    method.load_state_dict({"own.block-0": np.zeros((3, 32), np.float32)})
+    with pytest.raises(ValueError, match="another method or setting"):
+        method.adapt(tiny_pclip, method.initial_prompt(tiny_pclip), make_pixels(2), torch.Generator())
+
+
+def test_the_run_config_turns_the_own_prompt_on_where_it_is_read():
+    def own(**overrides) -> bool:
+        return RunConfig.from_run_config(overrides).method_params()[1].get("own_prompt", False)
+
+    assert not own() and not own(**{"trust-rate": 0.5, "strategy": "fedavg"})
+    assert own(**{"report-own-prompt": True}) and own(**{"trust-rate": 0.5})
+
+
+# ----- the wire -------------------------------------------------------------------------------------------
+SHAPES = [(4, 8)]
+
+
+def _reply(**metrics) -> RecordDict:
+    values = {"client-id": 1, "h-pre": 2.0, "h-post": 1.5, "num-examples": 16, **metrics}
+    blocks = [np.ones(SHAPES[0], np.float32)]
+    return RecordDict({METRICS: MetricRecord(values), PROMPT: prompt_to_record(blocks)})
+
+
+def test_h_own_is_an_optional_rule_metric():
+    assert parse_train_reply(_reply(), 1, SHAPES, max_norm=1e3).h_own is None  # the paper's reply stays valid
+    upload = parse_train_reply(_reply(**{"h-own": 1.25, "correct-own": 3}), 1, SHAPES, max_norm=1e3)
+    assert upload.h_own == 1.25 and "h-own" not in upload.report and upload.report["correct-own"] == 3
+    for bad in (-0.5, float("nan")):
+        with pytest.raises(RejectedReply, match="h-own"):
+            parse_train_reply(_reply(**{"h-own": bad}), 1, SHAPES, max_norm=1e3)
