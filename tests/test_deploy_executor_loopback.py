@@ -211,7 +211,8 @@ def descendants(root: int) -> list[int]:
                 continue
     found, todo = [], [root]
     while todo:
-        children = [pid for pid, parent in parents.items() if parent == todo.pop()]
+        current = todo.pop()
+        children = [pid for pid, parent in parents.items() if parent == current]
         found += children
         todo += children
     return found
