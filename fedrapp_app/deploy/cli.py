@@ -126,7 +126,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         check_flower_version()
         options = options_from(args)
-    except (UnsupportedFlowerError, CliError) as err:
+    except UnsupportedFlowerError as err:
+        print(err, file=sys.stderr)  # the message names fedrapp-superexec itself
+        return 2
+    except CliError as err:
         print(f"{PROG}: {err}", file=sys.stderr)
         return 2
     from fedrapp_app.deploy.executor import serve
