@@ -390,3 +390,15 @@ def test_a_worker_that_died_idle_is_replaced_when_its_run_sends_the_next_task(po
     second = _serve(pool, _spec("ok", task_id=2))  # submitted before the pool noticed the death
     assert second.done.status == "completed" and second.worker_pid != first.worker_pid
     assert pool.recorder.answered == []
+
+
+def test_the_preload_starts_no_thread_and_no_cuda_so_forking_after_it_is_safe():
+    """Workers are forked from the process that ran the preload: a thread or an initialised CUDA context
+    there would be copied into every worker in an unusable state."""
+    code = (
+        "import threading, torch, fedrapp_app.deploy.preload\n"
+        "print(threading.active_count(), torch.cuda.is_initialized())\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split() == ["1", "False"]
