@@ -127,3 +127,32 @@ def test_bad_positions_and_client_ids(folder):
 def test_partition_that_cannot_meet_the_minimum_is_reported(folder):
     with pytest.raises(ValueError, match="min-partition-size"):
         build_client_stream(spec(folder, num_clients=10, min_partition_size=20), 0)
+
+
+def test_the_prefetcher_keeps_a_bounded_number_of_batches_and_stops_when_they_go_unused():
+    from fedrapp_app.data.prefetch import Prefetcher
+
+    p = Prefetcher(max_pending=2, min_events=4, min_hit_rate=0.25)
+    p.submit("a", lambda: 1)
+    assert p.take("a").result(timeout=10) == 1 and p.take("a") is None and p.hits == 1
+    for key in "bcde":  # one process, many clients whose next batches are asked for elsewhere
+        p.submit(key, lambda: 0)
+    assert p.dropped == 2 and len(p._pending) == 2  # only the two newest wait
+    p.submit("f", lambda: 0)
+    p.submit("g", lambda: 0)
+    assert not p.enabled  # 1 hit of 5 events: switched off
+    p.submit("h", lambda: 0)
+    assert p.take("h") is None
+
+
+def test_an_error_while_prefetching_surfaces_when_the_batch_is_taken():
+    from fedrapp_app.data.prefetch import Prefetcher
+
+    p = Prefetcher()
+
+    def broken():
+        raise OSError("disk gone")
+
+    p.submit("x", broken)
+    with pytest.raises(OSError, match="disk gone"):
+        p.take("x").result(timeout=10)

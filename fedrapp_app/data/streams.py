@@ -8,10 +8,10 @@ for a domain-oracle reference).
 
 from __future__ import annotations
 
+import itertools
 import threading
 from collections import OrderedDict
 from collections.abc import Iterator
-from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -19,12 +19,14 @@ from PIL import Image
 
 from fedrapp_app.data.loader import Undecodable
 from fedrapp_app.data.partition import cached_partition_indices, partition_cache_dir
+from fedrapp_app.data.prefetch import PREFETCHER
 from fedrapp_app.data.presets import get_preset
 from fedrapp_app.data.sources import Source, cached_source, clear_source_cache
 from fedrapp_app.data.sources.testbed import Domain, TestbedSource
 from fedrapp_app.data.spec import DataSpec, domain_label, parse_domains, validate_spec
 
 _STREAM_ORDER = 201  # SeedSequence key of the stream orders (distinct from the testbed pool's keys)
+_STREAM_TOKENS = itertools.count()
 
 
 @dataclass(frozen=True)
@@ -72,9 +74,7 @@ class ClientStream:
         self.client_id = client_id
         self.domain = domain_name
         self._domain = domain
-        self._pending: dict[int, Future[StreamBatch]] = {}
-        self._lock = threading.Lock()
-        self._executor: ThreadPoolExecutor | None = None
+        self._token = next(_STREAM_TOKENS)  # names this stream's batches in the process's prefetcher
 
     @property
     def num_samples(self) -> int:
@@ -125,23 +125,16 @@ class ClientStream:
 
     def batch(self, position: int) -> StreamBatch:
         """Batch ``position`` of the stream (taken from a prefetch if one was started)."""
-        with self._lock:
-            pending = self._pending.pop(int(position), None) if isinstance(position, (int, np.integer)) else None
+        pending = PREFETCHER.take((self._token, int(position))) if isinstance(position, (int, np.integer)) else None
         return pending.result() if pending is not None else self._load(position)
 
     def prefetch(self, position: int) -> None:
-        """Start decoding batch ``position`` in the background (no-op past the end or if already started)."""
-        if not 0 <= position < self.num_batches:
-            return
-        with self._lock:
-            if position in self._pending:
-                return
-            if self._executor is None:
-                self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"stream{self.client_id}")
-            # Keep at most two batches in flight: decoded images are the memory cost of prefetching.
-            while len(self._pending) >= 2:
-                self._pending.pop(next(iter(self._pending))).cancel()
-            self._pending[position] = self._executor.submit(self._load, position)
+        """Start decoding batch ``position`` in the background (no-op past the end or if already started).
+
+        The process's one prefetcher (``fedrapp_app.data.prefetch``) bounds what waits and stops when the
+        batches it prepares go unused."""
+        if 0 <= position < self.num_batches:
+            PREFETCHER.submit((self._token, position), lambda: self._load(position))
 
     def iter_batches(self, start: int = 0) -> Iterator[StreamBatch]:
         """Batches ``start``, ``start + 1``, ... to the end, decoding the next one while the caller works."""
