@@ -55,6 +55,19 @@ log = logging.getLogger("flwr.fedrapp.strategy")
 NODE_SETTLE_SECONDS = 3.0
 
 
+class ClientTaken(RejectedReply):
+    """A node claims a client that another connected node serves: a SuperNode restarted inside the SuperLink's
+    heartbeat window (its old node id stays listed until two heartbeats are missed, about 60 s), or two
+    SuperNodes given the same client id."""
+
+    def __init__(self, client: int, node: int) -> None:
+        super().__init__(
+            f"client-id {client} is already served by node {node} (asked again once that node has left: a "
+            "restarted SuperNode's old node id stays connected until the SuperLink misses two heartbeats)"
+        )
+        self.client = client
+
+
 @dataclass
 class ServerState:
     """Everything the server carries from one round to the next (what a checkpoint saves).
@@ -200,6 +213,7 @@ class PersonalizedPromptStrategy(Strategy):
         self.state: ServerState | None = None
         self.last_report: RoundReport | None = None
         self._failed: dict[int, str] = {}  # node id -> why its discovery failed
+        self._taken: dict[int, int] = {}  # node id -> the client it claimed while another connected node served it
         self.num_samples: dict[int, int] = {}  # client id -> samples in its stream (from discovery)
         self._round_start = 0.0
 
@@ -235,9 +249,15 @@ class PersonalizedPromptStrategy(Strategy):
         """Ask nodes never seen before for their client id, stream size and initial prompt (a ``query``).
 
         A node whose ClientApp fails to answer is not asked again (a restarted SuperNode comes back with a
-        new node id and is asked then).
+        new node id and is asked then). A node refused because another connected node served its client is
+        asked again once that node has left (``ClientTaken``).
         """
         connected = sorted(grid.get_node_ids())
+        for node, client in list(self._taken.items()):
+            if node not in connected or self.node_of.get(client) not in connected:
+                del self._taken[node]
+                if node in connected:
+                    self._failed.pop(node, None)
         seen = set(self.node_of.values()) | set(self._failed)
         unknown = [n for n in connected if n not in seen]
         if not unknown:
@@ -262,6 +282,9 @@ class PersonalizedPromptStrategy(Strategy):
             try:
                 self._register(node, reply.content, connected)
                 answered[node] = None
+            except ClientTaken as err:
+                answered[node] = str(err)
+                self._taken[node] = err.client
             except RejectedReply as err:
                 answered[node] = str(err)
             except (KeyError, TypeError, ValueError) as err:  # a malformed answer: the node stays unknown
@@ -284,7 +307,7 @@ class PersonalizedPromptStrategy(Strategy):
         previous = self.node_of.get(client)
         if previous is not None and previous != node:
             if previous in connected:
-                raise RejectedReply(f"client-id {client} is already served by node {previous}")
+                raise ClientTaken(client, previous)
             log.info("client %d moved from node %s to node %s (SuperNode restart)", client, previous, node)
         blocks = record_to_prompt(content.array_records[PROMPT])
         p0 = flatten(blocks)
