@@ -199,18 +199,21 @@ def stop_process_group(process: subprocess.Popen) -> None:
             process.wait()
 
 
-def run_status(env: dict[str, str], cwd: Path, connection: str = CONNECTION) -> dict:
-    """The latest run of the SuperLink behind ``connection``, as ``flwr list --format json`` reports it."""
-    out = subprocess.run(
-        ["flwr", "list", connection, "--format", "json"], env=env, cwd=cwd, capture_output=True, text=True, timeout=60
-    )
+def run_status(env: dict[str, str], cwd: Path, connection: str = CONNECTION, run_id: int | None = None) -> dict:
+    """Run ``run_id`` (default: the newest run) of the SuperLink behind ``connection``, as ``flwr list --format
+    json`` reports it."""
+    command = ["flwr", "list", connection, "--format", "json"]
+    if run_id is not None:
+        command += ["--run-id", str(run_id)]
+    out = subprocess.run(command, env=env, cwd=cwd, capture_output=True, text=True, timeout=60)
     try:
         runs = json.loads(out.stdout)["runs"]
     except (json.JSONDecodeError, KeyError) as err:
         raise RuntimeError(f"could not read the run status: {out.stdout[-500:]} {out.stderr[-500:]}") from err
     if not runs:
         raise RuntimeError("the SuperLink holds no run: flwr run did not submit it (see the output above)")
-    return runs[-1]
+    # Flower lists the newest first (by pending time, in whole seconds); on a tie its order decides.
+    return max(enumerate(runs), key=lambda item: (str(item[1].get("pending-at", "")), -item[0]))[1]
 
 
 def _stream(process: subprocess.Popen, colour: bool) -> None:

@@ -7,11 +7,14 @@ loopback versions of these scenarios are in ``test_chaos_loopback.py`` and ``ben
 
 from __future__ import annotations
 
+import json
+import subprocess
 from pathlib import Path
 
 import pytest
 from flwr.app import Context, RecordDict
 
+from fedrapp_app.launch import run_status
 from fedrapp_app.testbed import world
 from fedrapp_app.testbed.tiny import make_tiny_clip
 
@@ -97,3 +100,24 @@ def _by_position(rows: list[dict]) -> dict[tuple[int, int], dict]:
     for row in comparable_rows([r for r in rows if r["status"] == "ok"]):
         out[(row.pop("client"), row["client_metrics"]["stream-position"])] = {**row, "round": None}
     return out
+
+
+def test_the_run_status_is_the_newest_runs_or_the_one_asked_for(tmp_path, monkeypatch):
+    """``flwr list`` lists the newest run first: a SuperLink that ran several runs (a resume after a restart)
+    must report the newest one's status, not the first one's."""
+    runs = [
+        {"run-id": "7", "status": "finished:completed", "pending-at": "2026-11-30 22:48:40Z"},
+        {"run-id": "9", "status": "finished:failed", "pending-at": "2026-11-30 22:47:27Z"},
+    ]
+    calls = []
+
+    def fake_flwr(command, **kwargs):
+        calls.append(command)
+        return subprocess.CompletedProcess(command, 0, stdout=json.dumps({"runs": runs}), stderr="")
+
+    monkeypatch.setattr(subprocess, "run", fake_flwr)
+    assert run_status({}, tmp_path, "loopback")["run-id"] == "7"
+    runs.reverse()  # whatever the order, the newest by pending time
+    assert run_status({}, tmp_path, "loopback")["run-id"] == "7"
+    run_status({}, tmp_path, "loopback", run_id=9)
+    assert calls[-1][-2:] == ["--run-id", "9"]
