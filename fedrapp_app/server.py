@@ -225,12 +225,13 @@ def _run_rounds(
     while not strategy.finished and (max_rounds is None or round_number < max_rounds):
         round_number += 1
         messages = strategy.configure_train(round_number, ArrayRecord(), ConfigRecord(), grid)
-        if not messages:
+        if not strategy.sampled:
             stopped = "no client available"
             log.warning("round %d: no client available; stopping", round_number)
             break
         waited = time.monotonic()
-        replies = grid.send_and_receive(messages, timeout=float(config["round-timeout"]))
+        # No message: every sampled client's node is gone (the strategy waited node-wait-timeout for them).
+        replies = grid.send_and_receive(messages, timeout=float(config["round-timeout"])) if messages else []
         waited = time.monotonic() - waited
         strategy.aggregate_train(round_number, replies)
         report = strategy.last_report

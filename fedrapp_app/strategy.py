@@ -215,6 +215,9 @@ class PersonalizedPromptStrategy(Strategy):
         self._failed: dict[int, str] = {}  # node id -> why its discovery failed
         self._taken: dict[int, int] = {}  # node id -> the client it claimed while another connected node served it
         self.num_samples: dict[int, int] = {}  # client id -> samples in its stream (from discovery)
+        self.sampled: list[int] = []  # the clients sampled for the current round
+        self._absent: list[int] = []  # sampled clients whose node was not connected (sent nothing)
+        self._outage_since: float | None = None  # when no sampled client's node was connected any more
         self._round_start = 0.0
 
     # ---------------------------------------------------------------- discovery
@@ -245,12 +248,12 @@ class PersonalizedPromptStrategy(Strategy):
         if len(self.node_of) < self.min_nodes:
             log.warning("starting with %d of %d expected clients", len(self.node_of), self.min_nodes)
 
-    def discover(self, grid: Grid, timeout: float | None = None) -> None:
+    def discover(self, grid: Grid, timeout: float | None = None) -> set[int]:
         """Ask nodes never seen before for their client id, stream size and initial prompt (a ``query``).
 
         A node whose ClientApp fails to answer is not asked again (a restarted SuperNode comes back with a
         new node id and is asked then). A node refused because another connected node served its client is
-        asked again once that node has left (``ClientTaken``).
+        asked again once that node has left (``ClientTaken``). Returns the connected nodes.
         """
         connected = sorted(grid.get_node_ids())
         for node, client in list(self._taken.items()):
@@ -261,7 +264,7 @@ class PersonalizedPromptStrategy(Strategy):
         seen = set(self.node_of.values()) | set(self._failed)
         unknown = [n for n in connected if n not in seen]
         if not unknown:
-            return
+            return set(connected)
         queries = [
             Message(
                 RecordDict({CONFIG: ConfigRecord({"seed": self.seed, "num-clients": self.num_clients})}),
@@ -294,6 +297,26 @@ class PersonalizedPromptStrategy(Strategy):
             if reason is not None:
                 self._failed[node] = reason
                 log.warning("node %s failed discovery: %s", node, reason)
+        return set(connected)
+
+    def _wait_for_nodes(self, grid: Grid, sampled: list[int]) -> set[int]:
+        """None of the sampled clients' nodes is connected (their SuperNodes stopped or restart): wait for one
+        to come back (a restarted SuperNode registers within seconds), up to ``node_wait_timeout`` per outage.
+        Returns the connected nodes."""
+        if self._outage_since is None:
+            self._outage_since = time.monotonic()
+            log.warning(
+                "none of the nodes of clients %s is connected; waiting up to node-wait-timeout=%gs for them",
+                sampled,
+                self.node_wait_timeout,
+            )
+        connected = set(grid.get_node_ids())
+        while time.monotonic() < self._outage_since + self.node_wait_timeout:
+            time.sleep(1.0)
+            connected = self.discover(grid)
+            if any(self.node_of[c] in connected for c in sampled):
+                break
+        return connected
 
     def _register(self, node: int, content: RecordDict, connected: list[int]) -> None:
         info = content.config_records.get(INFO)
@@ -369,12 +392,24 @@ class PersonalizedPromptStrategy(Strategy):
     def configure_train(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
     ) -> Iterable[Message]:
-        """One message per sampled client, each with its own prompt (``sent[i]``) in a fresh RecordDict."""
-        self.discover(grid)
+        """One message per sampled client, each with its own prompt (``sent[i]``) in a fresh RecordDict.
+
+        A client whose node is not connected gets no message (it is missing for the round); when no sampled
+        client's node is connected, the round first waits for one (``_wait_for_nodes``).
+        """
+        connected = self.discover(grid)
         assert self.state is not None and self.shapes is not None
         self._round_start = time.monotonic()
+        self.sampled = self.sample()
+        if self.sampled and not any(self.node_of[c] in connected for c in self.sampled):
+            connected = self._wait_for_nodes(grid, self.sampled)
+        if any(self.node_of[c] in connected for c in self.sampled):
+            self._outage_since = None
         self._messages = []
-        for client in self.sample():
+        self._absent = [c for c in self.sampled if self.node_of[c] not in connected]
+        for client in self.sampled:
+            if client in self._absent:
+                continue
             prompt = prompt_to_record(unflatten(self.state.sent[client], self.shapes))
             cfg = ConfigRecord(
                 {
@@ -412,6 +447,11 @@ class PersonalizedPromptStrategy(Strategy):
                 log.warning("round %d: client %d: duplicate reply dropped", server_round, client)
                 continue
             rows[client] = self._read_reply(server_round, client, node, reply, max_norm)
+        for client in self._absent:
+            node = self.node_of[client]
+            why = f"its node {node} was not connected (stopped or restarting)"
+            rows[client] = ClientRow(client, node, "missing", why)
+            log.warning("round %d: client %d: its node %s is not connected", server_round, client, node)
         for _, client in self._messages:
             if client not in rows:
                 rows[client] = ClientRow(client, self.node_of[client], "missing", "no reply before round-timeout")

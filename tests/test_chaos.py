@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -92,6 +93,74 @@ def test_a_node_restarted_inside_the_heartbeat_window_is_served_once_its_old_id_
     # as in the uninterrupted run; only the round number moves for the victim.
     assert _by_position(rows) == _by_position(read_rows(whole["run_dir"]))
     assert grid.contexts[NEW].state  # the restarted node's context went on (from the snapshot on disk)
+
+
+class EveryNodeRestarts(SpyGrid):
+    """Every SuperNode is stopped with SIGTERM in round ``stop_round`` (they leave the SuperLink at once; that
+    round's messages are never answered) and, unless ``down_seconds`` is None, starts again that many seconds
+    later with new node ids and empty contexts."""
+
+    stop_round = 2
+    down_seconds: float | None = 2.0
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.gone: set[int] = set()
+        self.back_at: float | None = None
+        self.drop = lambda m: m.metadata.dst_node_id in self.gone
+
+    def push_messages(self, messages):
+        messages = list(messages)
+        if messages and messages[0].metadata.group_id == str(self.stop_round) and not self.gone:
+            self.gone = set(self.contexts)
+            self.back_at = None if self.down_seconds is None else time.monotonic() + self.down_seconds
+        return super().push_messages(messages)
+
+    def get_node_ids(self):
+        if self.back_at is not None and time.monotonic() >= self.back_at:
+            self.back_at = None
+            for node in sorted(self.gone):
+                old = self.contexts[node]
+                self.contexts[node + 100] = Context(
+                    run_id=old.run_id,
+                    node_id=node + 100,
+                    node_config=dict(old.node_config),
+                    state=RecordDict(),
+                    run_config=dict(old.run_config),
+                )
+        return [n for n in self.contexts if n not in self.gone]
+
+
+@pytest.mark.slow  # two small federations in-process: about 15 s of CPU
+def test_a_run_waits_for_its_restarting_nodes_instead_of_stopping(testbed_tiny, tmp_path):
+    """Before, every round to the vanished nodes ended at once, and after three of them the run stopped with
+    most samples unscored, although the nodes were back two seconds later."""
+    config = small_run(testbed_tiny, tmp_path, **{"num-clients": 2, "num-rounds": 0, "testbed-samples": 96})
+    whole, _, _ = run_federation({**config, "partition": "iid", "run-name": "whole"})
+    started = time.monotonic()
+    summary, _, _ = run_federation({**config, "partition": "iid", "run-name": "chaos"}, grid_cls=EveryNodeRestarts)
+    assert time.monotonic() - started < 60
+
+    rows = read_rows(summary["run_dir"])
+    assert [r["status"] for r in rows if r["round"] == 2] == ["missing", "missing"]
+    assert all(r["status"] == "ok" and r["node"] >= 1100 for r in rows if r["round"] > 2)
+    assert summary["complete"] and summary["per_client_samples"] == whole["per_client_samples"]
+    # Everybody missed the same round, so the rule skipped it: FedRAPP's rows are the uninterrupted run's,
+    # one round later, field by field.
+    assert _by_position(rows) == _by_position(read_rows(whole["run_dir"]))
+
+
+def test_a_run_whose_nodes_never_come_back_stops_after_node_wait_timeout(tmp_path, testbed_tiny):
+    class NeverBack(EveryNodeRestarts):
+        down_seconds = None
+
+    config = small_run(testbed_tiny, tmp_path, **{"num-rounds": 0, "node-wait-timeout": 3.0})
+    started = time.monotonic()
+    summary, _, _ = run_federation(config, grid_cls=NeverBack)
+    assert time.monotonic() - started < 3.0 + 20  # one wait of node-wait-timeout, not one per round
+    assert summary["stopped"].startswith("no valid reply for 3 rounds") and not summary["complete"]
+    reasons = [r["reason"] for r in read_rows(summary["run_dir"]) if r["round"] > 2]
+    assert reasons and all("was not connected (stopped or restarting)" in why for why in reasons)
 
 
 def _by_position(rows: list[dict]) -> dict[tuple[int, int], dict]:
