@@ -322,8 +322,10 @@ def train(msg: Message, context: Context) -> Message:
         "pid": os.getpid(),
         **{f"stat-{k}": float(v) for k, v in result.stats.items()},
     }
-    if result.h_own is not None:  # the own last tuned prompt on this batch (report-own-prompt; the rule reads h-own)
-        metrics.update({"h-own": float(result.h_own), "correct-own": _score(result.predictions_own, batch.labels)})
+    if result.h_own is not None:  # the own last tuned prompt on this batch (report-own-prompt; the rule reads h-*)
+        own = {"h-own": result.h_own, "hm-pre": result.hm_pre, "hm-own": result.hm_own}
+        metrics.update({k: float(v) for k, v in own.items() if v is not None})
+        metrics["correct-own"] = _score(result.predictions_own, batch.labels)
     _advance(context, client, round_config, position, method.state_dict())
     metrics["t-total"] = time.perf_counter() - t_start
     return Message(_reply(prompt_to_record(upload), metrics, notes), reply_to=msg)

@@ -239,23 +239,39 @@ KEYS: tuple[Key, ...] = (
     Key(
         "trust-rate",
         0.0,
-        "FedRAPP trust option (ours): how far one round's evidence (the sent prompt's entropy H_pre against the "
-        "client's own prompt's H_own on the new batch) moves a client's trust, the factor on its mu and gamma "
-        "(0 = off: the paper's rule)",
+        "FedRAPP trust option (ours): how far one round's evidence moves a client's memory and peer trusts, the "
+        "factors on its mu and gamma; the evidence: did the prompt the server sent beat the client's own last tuned "
+        "prompt on the new batch (H_pre, H_own and the marginals, reported by the client)? 0 = off: the paper's rule",
         minimum=0.0,
         maximum=1.0,
     ),
     Key(
         "trust-init",
         1.0,
-        "FedRAPP trust option (ours): every client's trust before any evidence (1 = the paper's mu and gamma)",
+        "FedRAPP trust option (ours): both trusts before any evidence (1 = the paper's mu and gamma)",
         minimum=0.0,
         maximum=1.0,
     ),
     Key(
-        "trust-scale",
-        0.0,
-        "FedRAPP trust option (ours): evidence = tanh((H_own - H_pre) / trust-scale); 0 = its sign",
+        "trust-memory-target",
+        0.3,
+        "FedRAPP trust option (ours): share of its rounds in which the sent prompt must win for a client's memory "
+        "trust to hold (it rises above, falls below)",
+        minimum=0.0,
+        maximum=1.0,
+    ),
+    Key(
+        "trust-peer-target",
+        0.3,
+        "FedRAPP trust option (ours): the same for the peer trust",
+        minimum=0.0,
+        maximum=1.0,
+    ),
+    Key(
+        "trust-marginal",
+        1.0,
+        "FedRAPP trust option (ours): weight of the batch-marginal entropy gap in the evidence (0 = the more "
+        "confident prompt wins; 1 = the one with the larger information, which a collapse onto few classes loses)",
         minimum=0.0,
     ),
     Key(
@@ -421,7 +437,9 @@ RULE_KEYS: dict[str, dict[str, str]] = {
         "update-clip": "update_clip",
         "trust-rate": "trust_rate",
         "trust-init": "trust_init",
-        "trust-scale": "trust_scale",
+        "trust-memory-target": "trust_memory_target",
+        "trust-peer-target": "trust_peer_target",
+        "trust-marginal": "trust_marginal",
     },
     "none-fed": {},
     "fedavg": {},

@@ -4,9 +4,10 @@ A prompt is a list of K context blocks; on the wire it is one ``ArrayRecord`` wi
 ``block-{K-1}`` (float32); the server works on the flattened float32 vector. A client's train reply is
 ``{"prompt": ArrayRecord, "metrics": MetricRecord}`` (plus, optionally, ``"notes": ConfigRecord``: text for
 the results, such as the files it could not decode); its metrics carry what the server rule may read
-(``client-id``, ``h-pre``, ``h-post``, ``num-examples``; optionally ``h-own``, the entropy of the client's own
-last tuned prompt on the batch, which FedRAPP's trust option reads) and reporting values that only the results
-recorder reads (accuracy counts, timings).
+(``client-id``, ``h-pre``, ``h-post``, ``num-examples``; optionally ``h-own``, the mean prediction entropy of the
+client's own last tuned prompt on the batch, and ``hm-pre`` / ``hm-own``, the entropy of the batch-mean prediction
+of the received and of the own prompt, which FedRAPP's trust option reads) and reporting values that only the
+results recorder reads (accuracy counts, timings).
 """
 
 from __future__ import annotations
@@ -26,8 +27,11 @@ NOTES = "notes"  # optional ConfigRecord of a train reply: text for the results 
 
 #: Metrics the server rule reads; everything else in a reply's metrics is for reporting only.
 RULE_METRICS = ("client-id", "h-pre", "h-post", "num-examples")
-#: Metrics the server rule reads when a reply has them (a reply without them is valid; the rule then sees None).
-OPTIONAL_RULE_METRICS = ("h-own",)
+#: Metrics the server rule reads when a reply has them (a reply without them is valid; the rule then sees None):
+#: what a client reports about its own last tuned prompt on the batch (FedRAPP's trust option reads them).
+OPTIONAL_RULE_METRICS = ("h-own", "hm-pre", "hm-own")
+#: The Upload fields that hold them, in the same order.
+OWN_PROMPT_FIELDS = ("h_own", "hm_pre", "hm_own")
 
 
 def prompt_to_record(blocks: Sequence[np.ndarray]) -> ArrayRecord:
@@ -75,6 +79,8 @@ class Upload:
     num_examples: int
     report: dict[str, float | int | list]
     h_own: float | None = None  # entropy of the client's own last tuned prompt on the batch (when reported)
+    hm_pre: float | None = None  # entropy of the received prompt's batch-mean prediction (when reported)
+    hm_own: float | None = None  # the same for the own prompt
 
 
 class RejectedReply(ValueError):
@@ -122,9 +128,11 @@ def parse_train_reply(
     num_examples = _finite_number(metrics, "num-examples")
     if num_examples < 1 or num_examples != int(num_examples):
         raise RejectedReply(f"num-examples must be a positive integer, got {num_examples}")
-    h_own = _finite_number(metrics, "h-own") if "h-own" in metrics else None
-    if h_own is not None and h_own < 0:
-        raise RejectedReply(f"negative entropy (h-own={h_own})")
+    own = {}
+    for key, field_name in zip(OPTIONAL_RULE_METRICS, OWN_PROMPT_FIELDS, strict=True):
+        own[field_name] = _finite_number(metrics, key) if key in metrics else None
+        if own[field_name] is not None and own[field_name] < 0:
+            raise RejectedReply(f"negative entropy ({key}={own[field_name]})")
 
     if PROMPT not in content.array_records:
         raise RejectedReply(f"no ArrayRecord {PROMPT!r} in the reply")
@@ -145,4 +153,4 @@ def parse_train_reply(
     if norm > max_norm:
         raise RejectedReply(f"prompt norm {norm:.3g} exceeds the limit {max_norm:.3g}")
     report = {k: v for k, v in metrics.items() if k not in RULE_METRICS + OPTIONAL_RULE_METRICS}
-    return Upload(int(client), vector, h_pre, h_post, int(num_examples), report, h_own)
+    return Upload(int(client), vector, h_pre, h_post, int(num_examples), report, **own)

@@ -93,8 +93,8 @@ def _row(row: ClientRow, report: RoundReport) -> dict[str, Any]:
             gamma=float(d.gamma[c]),
             peer_weights=peers,
         )
-        if d.trust is not None:  # FedRAPP's trust option (ours)
-            out["trust"] = float(d.trust[c])
+        if d.trust_memory is not None and d.trust_peers is not None:  # FedRAPP's trust option (ours)
+            out.update(trust_memory=float(d.trust_memory[c]), trust_peers=float(d.trust_peers[c]))
         if rest > 0:
             out["peer_weights_rest"] = rest
     out["client_metrics"] = report_metrics

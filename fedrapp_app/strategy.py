@@ -38,6 +38,7 @@ from fedrapp_app.records import (
     INFO,
     METRICS,
     NOTES,
+    OWN_PROMPT_FIELDS,
     PROMPT,
     RejectedReply,
     Upload,
@@ -514,15 +515,17 @@ class PersonalizedPromptStrategy(Strategy):
         replied = np.zeros(n, bool)
         tuned = state.sent.copy()
         h_pre, h_post, num_examples = np.zeros(n), np.zeros(n), np.zeros(n)
-        h_own = np.full(n, np.nan)  # NaN: not reported (optional; FedRAPP's trust option reads it)
+        own = {name: np.full(n, np.nan) for name in OWN_PROMPT_FIELDS}  # NaN: not reported (optional metrics)
         for u in uploads:
             replied[u.client_id] = True
             tuned[u.client_id] = u.prompt
             h_pre[u.client_id], h_post[u.client_id] = u.h_pre, u.h_post
             num_examples[u.client_id] = u.num_examples
-            h_own[u.client_id] = np.nan if u.h_own is None else u.h_own
+            for name in OWN_PROMPT_FIELDS:
+                value = getattr(u, name)
+                own[name][u.client_id] = np.nan if value is None else value
         output = self.rule(
-            tuned, state.sent, state.memory, h_pre, h_post, replied, num_examples, h_own=h_own, state=state.rule_state
+            tuned, state.sent, state.memory, h_pre, h_post, replied, num_examples, own=own, state=state.rule_state
         )
         state.memory = np.asarray(output.memory, dtype=np.float32)
         state.sent = np.asarray(output.personalized, dtype=np.float32)

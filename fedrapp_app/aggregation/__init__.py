@@ -96,8 +96,9 @@ PARAMS: dict[str, type[RuleParams]] = {
 #: Rules that use information a real deployment does not have; every table marks them as references.
 REFERENCES = frozenset({"domain-oracle"})
 
-#: Rules that take the optional keyword inputs ``h_own`` (each client's own-prompt entropy, NaN where not
-#: reported) and ``state`` (what the rule carried from its previous round, ``RoundOutput.state``).
+#: Rules that take the optional keyword inputs ``h_own``, ``hm_pre``, ``hm_own`` (what each client reported about
+#: its own last tuned prompt, NaN where nothing) and ``state`` (what the rule carried from its previous round,
+#: ``RoundOutput.state``).
 STATEFUL = frozenset({"fedrapp"})
 
 
@@ -143,14 +144,15 @@ class BoundRule:
         replied: ArrayLike,
         num_examples: ArrayLike,
         *,
-        h_own: ArrayLike | None = None,
+        own: Mapping[str, ArrayLike] | None = None,
         state: Mapping[str, ArrayLike] | None = None,
     ) -> RoundOutput:
-        """The rule on one round; ``h_own`` and ``state`` reach only the rules in :data:`STATEFUL`."""
+        """The rule on one round; ``own`` (``h_own``, ``hm_pre``, ``hm_own`` [N], NaN where not reported) and
+        ``state`` reach only the rules in :data:`STATEFUL`."""
         rule = RULES[self.name]
         if self.name in STATEFUL:
             return rule(  # type: ignore[call-arg]
-                tuned, sent, memory, h_pre, h_post, replied, num_examples, self.params, h_own=h_own, state=state
+                tuned, sent, memory, h_pre, h_post, replied, num_examples, self.params, **(own or {}), state=state
             )
         return rule(tuned, sent, memory, h_pre, h_post, replied, num_examples, self.params)
 

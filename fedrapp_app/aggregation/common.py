@@ -48,9 +48,9 @@ class Diagnostics:
     xi : float64 [N, N] or None
         For rules that mix uploads directly (fedavg, fedamp, fedamp-cos): ``xi[i, j]`` is the weight of
         upload P̃_j in client i's next prompt (FedAMP's ξ). None for fedrapp and none-fed.
-    trust : float64 [N] or None
-        FedRAPP's trust option (ours): each client's trust after the round, the factor on its μ and γ. None
-        when the option is off and for the other rules.
+    trust_memory, trust_peers : float64 [N] or None
+        FedRAPP's trust option (ours): each client's trusts after the round, the factors on its μ and on its γ.
+        None when the option is off and for the other rules.
     """
 
     informative: NDArray[np.bool_]
@@ -60,7 +60,8 @@ class Diagnostics:
     peer_weights: NDArray[np.float64]
     gamma: NDArray[np.float64]
     xi: NDArray[np.float64] | None = None
-    trust: NDArray[np.float64] | None = None
+    trust_memory: NDArray[np.float64] | None = None
+    trust_peers: NDArray[np.float64] | None = None
 
 
 @dataclass(frozen=True)

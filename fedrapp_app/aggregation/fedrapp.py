@@ -72,9 +72,13 @@ class FedRAPPParams(RuleParams):
     update_clip: float = param(
         0.0, NON_NEGATIVE, "ours: memories and mixing use Δ_i clipped to this × the median ‖Δ‖ over U_t (0 = off)"
     )
-    trust_rate: float = param(0.0, UNIT, "ours: step of a client's trust per round of evidence (0 = off: the paper)")
-    trust_init: float = param(1.0, UNIT, "ours: a client's trust before any evidence (1 = the paper's μ and γ)")
-    trust_scale: float = param(0.0, NON_NEGATIVE, "ours: evidence = tanh((H_own − H_pre)/scale); 0 = its sign")
+    trust_rate: float = param(0.0, UNIT, "ours: step of the trusts per round of evidence (0 = off: the paper's rule)")
+    trust_init: float = param(1.0, UNIT, "ours: both trusts before any evidence (1 = the paper's μ and γ)")
+    trust_memory_target: float = param(0.3, UNIT, "ours: share of rounds the sent prompt must win to keep the memory")
+    trust_peer_target: float = param(0.3, UNIT, "ours: share of rounds the sent prompt must win to keep the peers")
+    trust_marginal: float = param(
+        1.0, NON_NEGATIVE, "ours: weight of the marginal-entropy gap in the evidence (0: entropy alone, 1: information)"
+    )
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -162,53 +166,103 @@ def peer_share(w: NDArray[np.float64], rho: NDArray[np.float64], params: FedRAPP
     return np.minimum(params.gamma_max, params.gamma0 * ratio)
 
 
-#: |H_own − H_pre| at most this × the larger of the two is no evidence: the client was sent its own prompt back
-#: (trust 0) and two text passes over equal prompts may differ in the last bits, nothing more.
+#: |evidence| at most this × the entropies' scale is a tie, no evidence: the client was sent its own prompt back (both
+#: trusts 0), and two text passes over equal prompts may differ in the last bits, nothing more.
 EVIDENCE_RTOL = 1e-6
+
+#: The names of the trusts in ``RoundOutput.state`` (and the checkpoint): memory (scales μ), peers (scales γ).
+TRUSTS = ("trust-memory", "trust-peers")
+
+
+@dataclass(frozen=True)
+class OwnPromptSignals:
+    """What clients report about their own last tuned prompt on the new batch [N] each (NaN: not reported).
+
+    ``h_own``: mean prediction entropy of the own prompt; ``hm_pre`` / ``hm_own``: entropy of the batch-mean
+    prediction (the marginal) of the sent and of the own prompt.
+    """
+
+    h_own: NDArray[np.float64]
+    hm_pre: NDArray[np.float64]
+    hm_own: NDArray[np.float64]
+
+
+def own_prompt_signals(
+    replied: NDArray[np.bool_], h_own: ArrayLike | None, hm_pre: ArrayLike | None, hm_own: ArrayLike | None
+) -> OwnPromptSignals:
+    """Validated :class:`OwnPromptSignals`: NaN where a client did not reply or reported nothing (None: nobody)."""
+    n = replied.shape[0]
+    arrays = {}
+    for name, value in (("h_own", h_own), ("hm_pre", hm_pre), ("hm_own", hm_own)):
+        array = np.full(n, np.nan) if value is None else np.asarray(value, dtype=np.float64)
+        if array.shape != (n,):
+            raise ValueError(f"{name} has shape {array.shape}, expected ({n},) (NaN where a client reported none)")
+        bad = np.flatnonzero(replied & (array < 0))
+        if bad.size:
+            raise ValueError(f"{name} is negative in row(s) {bad[:10].tolist()}: an entropy is >= 0")
+        arrays[name] = np.where(replied, array, np.nan)
+    return OwnPromptSignals(**arrays)
 
 
 def trust_evidence(
-    h_pre: NDArray[np.float64], h_own: NDArray[np.float64], replied: NDArray[np.bool_], scale: float
+    h_pre: NDArray[np.float64], own: OwnPromptSignals, replied: NDArray[np.bool_], marginal: float
 ) -> NDArray[np.float64]:
-    """Evidence in [−1, 1] per client [N] that the prompt it was sent beat its own last tuned prompt on the new
-    batch: sign(H_own − H_pre) (``scale`` 0) or tanh((H_own − H_pre)/scale); positive when the sent prompt is the
-    more confident. 0 for clients that did not reply or report no H_own (NaN), and for ties."""
-    known = replied & np.isfinite(h_own)
-    gap = np.where(known, h_own, 0.0) - np.where(known, h_pre, 0.0)
-    tie = np.abs(gap) <= EVIDENCE_RTOL * np.maximum(np.abs(h_pre), np.abs(np.where(known, h_own, 0.0)))
-    evidence = np.tanh(gap / scale) if scale > 0 else np.sign(gap)
-    return np.where(known & ~tie, evidence, 0.0)
+    """Per client [N]: +1 where the prompt it was sent beat its own last tuned prompt on the new batch, −1 where it
+    lost, 0 without evidence (no reply, nothing reported, a tie).
+
+    A prompt's score on the batch is λ_m·H_m − H (H: mean prediction entropy, H_m: entropy of the batch-mean
+    prediction), so the evidence is sign((H_own − H_pre) − λ_m·(Hm_own − Hm_pre)). λ_m = 0: the more confident
+    prompt wins (entropy alone); λ_m = 1: the one with the larger information I = H_m − H, confident *and* spread
+    over the classes, so that a prompt that grows confident by predicting fewer classes (the overconfident
+    collapse) does not count as the better one. With λ_m = 0 the marginals are not read (NaN allowed).
+    """
+    gap = own.h_own - h_pre
+    scale = np.maximum(np.abs(h_pre), np.abs(own.h_own))
+    if marginal > 0:
+        gap = gap - marginal * (own.hm_own - own.hm_pre)
+        scale = np.maximum(scale, marginal * np.maximum(np.abs(own.hm_own), np.abs(own.hm_pre)))
+    known = replied & np.isfinite(gap)
+    safe = np.where(known, gap, 0.0)
+    return np.where(known & (np.abs(safe) > EVIDENCE_RTOL * np.where(known, scale, 0.0)), np.sign(safe), 0.0)
 
 
 def updated_trust(
-    trust: NDArray[np.float64], evidence: NDArray[np.float64], replied: NDArray[np.bool_], rate: float
+    trust: NDArray[np.float64], evidence: NDArray[np.float64], target: float, rate: float
 ) -> NDArray[np.float64]:
-    """Each replying client's trust moved by ``rate`` × its evidence, kept in [0, 1]; the others' unchanged [N]."""
-    return np.where(replied, np.clip(trust + rate * evidence, 0.0, 1.0), trust)
+    """Trust after one round [N]: a win (+1) adds ``rate``·(1 − target), a loss (−1) takes ``rate``·target, no
+    evidence (0) changes nothing; kept in [0, 1]. It holds where the sent prompt wins a share ``target`` of the
+    rounds, grows above it and falls below it; a client that always loses reaches 0 after ⌈1/(rate·target)⌉
+    rounds."""
+    step = np.where(evidence > 0, 1.0 - target, np.where(evidence < 0, -target, 0.0))
+    return np.clip(trust + rate * step, 0.0, 1.0)
 
 
-def previous_trust(state: Mapping[str, ArrayLike] | None, n: int, p: FedRAPPParams) -> NDArray[np.float64]:
-    """The trust a rule's state carries [N] (every client at ``trust_init`` when there is none yet)."""
-    if state is None or "trust" not in state:
-        return np.full(n, p.trust_init)
-    trust = np.asarray(state["trust"], dtype=np.float64)
-    if trust.shape != (n,) or not np.all((trust >= 0) & (trust <= 1)):
-        raise ValueError(f"state['trust'] must hold {n} values in [0, 1], got shape {trust.shape}")
-    return trust
+def previous_trusts(state: Mapping[str, ArrayLike] | None, n: int, p: FedRAPPParams) -> dict[str, NDArray[np.float64]]:
+    """The trusts a rule's state carries, [N] each (every client at ``trust_init`` when there are none yet)."""
+    out = {}
+    for name in TRUSTS:
+        if state is None or name not in state:
+            out[name] = np.full(n, p.trust_init)
+            continue
+        trust = np.asarray(state[name], dtype=np.float64)
+        if trust.shape != (n,) or not np.all((trust >= 0) & (trust <= 1)):
+            raise ValueError(f"state[{name!r}] must hold {n} values in [0, 1], got {trust!r}")
+        out[name] = trust
+    return out
 
 
-def client_h_own(h_own: ArrayLike | None, replied: NDArray[np.bool_]) -> NDArray[np.float64]:
-    """H_own [N] as float64, NaN where a client did not reply or reported none (None: nobody did)."""
-    n = replied.shape[0]
-    if h_own is None:
-        return np.full(n, np.nan)
-    values = np.asarray(h_own, dtype=np.float64)
-    if values.shape != (n,):
-        raise ValueError(f"h_own has shape {values.shape}, expected ({n},) (NaN where a client reported none)")
-    bad = np.flatnonzero(replied & (values < 0))
-    if bad.size:
-        raise ValueError(f"h_own is negative in row(s) {bad[:10].tolist()}: an entropy is >= 0")
-    return np.where(replied, values, np.nan)
+def round_trusts(
+    h_pre: NDArray[np.float64],
+    own: OwnPromptSignals,
+    replied: NDArray[np.bool_],
+    state: Mapping[str, ArrayLike] | None,
+    p: FedRAPPParams,
+) -> dict[str, NDArray[np.float64]]:
+    """This round's memory and peer trusts [N] each: the previous ones moved by this round's evidence."""
+    evidence = trust_evidence(h_pre, own, replied, p.trust_marginal)
+    before = previous_trusts(state, replied.shape[0], p)
+    targets = {"trust-memory": p.trust_memory_target, "trust-peers": p.trust_peer_target}
+    return {name: updated_trust(before[name], evidence, targets[name], p.trust_rate) for name in TRUSTS}
 
 
 def personalized_prompts(
@@ -236,13 +290,16 @@ def fedrapp_round(
     params: FedRAPPParams | None = None,
     *,
     h_own: ArrayLike | None = None,
+    hm_pre: ArrayLike | None = None,
+    hm_own: ArrayLike | None = None,
     state: Mapping[str, ArrayLike] | None = None,
 ) -> RoundOutput:
     """One FedRAPP server round (SPEC §4); shapes as in :class:`~fedrapp_app.aggregation.common.RoundRule`.
 
-    ``num_examples`` is not read (FedRAPP weighs clients by reliability, not by batch size). ``h_own`` [N] (NaN
-    where not reported) and ``state`` (the previous round's ``RoundOutput.state``) are read by the trust option
-    only (``trust_rate`` > 0, ours; see the module docstring); with it off they are ignored.
+    ``num_examples`` is not read (FedRAPP weighs clients by reliability, not by batch size). ``h_own``, ``hm_pre``,
+    ``hm_own`` [N] (NaN where not reported; see :class:`OwnPromptSignals`) and ``state`` (the previous round's
+    ``RoundOutput.state``) are read by the trust option only (``trust_rate`` > 0, ours; see the module docstring);
+    with it off they are ignored.
     """
     p = params if params is not None else FedRAPPParams()
     if not isinstance(p, FedRAPPParams):
@@ -258,31 +315,38 @@ def fedrapp_round(
     informative = x.replied & (delta_norm > p.min_update_norm)
     # 3. reliability
     r = reliability_scores(x.h_pre, x.h_post, drift, informative, p)
-    # trust option (ours): this round's evidence moves each client's trust, which scales its μ and γ below
-    trust = None
+    # trust option (ours): this round's evidence moves each client's memory and peer trusts, which scale μ and γ
+    trusts = None
     if p.trust_rate > 0:
-        evidence = trust_evidence(x.h_pre, client_h_own(h_own, x.replied), x.replied, p.trust_scale)
-        trust = updated_trust(previous_trust(state, x.replied.shape[0], p), evidence, x.replied, p.trust_rate)
+        own = own_prompt_signals(x.replied, h_own, hm_pre, hm_own)
+        trusts = round_trusts(x.h_pre, own, x.replied, state, p)
     # 4. memory (μ = 1 marks the untouched rows of absent clients), from the clipped uploads if asked
     used = x.sent + clipped_updates(delta, delta_norm, informative, p.update_clip) if p.update_clip > 0 else x.tuned
     mu = np.where(x.replied, np.clip(p.mu0 - p.eta * r, 0.0, 1.0), 1.0)
-    if trust is not None:
-        mu = np.where(x.replied, trust * mu, 1.0)
+    if trusts is not None:
+        mu = np.where(x.replied, trusts["trust-memory"] * mu, 1.0)
     new_memory = keep_rows(mu[:, None] * x.memory + (1.0 - mu[:, None]) * used, x.memory32, absent)
     # 5. peer weights
     log_rho = log_source_reliability(r)
     w = peer_weights(delta, delta_norm, log_rho, informative, x.replied, p.tau)
     # 6. personalized prompts, mixed from the stored (float32) memories
     gamma = peer_share(w, np.exp(log_rho), p)
-    if trust is not None:
-        gamma = trust * gamma
+    if trusts is not None:
+        gamma = trusts["trust-peers"] * gamma
     personalized = personalized_prompts(new_memory, w, gamma)
     # 7. absent clients are sent again what they were sent
     return RoundOutput(
         memory=new_memory,
         personalized=keep_rows(personalized, x.sent32, absent),
         diagnostics=Diagnostics(
-            informative=informative, update_norm=delta_norm, r=r, mu=mu, peer_weights=w, gamma=gamma, trust=trust
+            informative=informative,
+            update_norm=delta_norm,
+            r=r,
+            mu=mu,
+            peer_weights=w,
+            gamma=gamma,
+            trust_memory=None if trusts is None else trusts["trust-memory"],
+            trust_peers=None if trusts is None else trusts["trust-peers"],
         ),
-        state={} if trust is None else {"trust": trust},
+        state={} if trusts is None else dict(trusts),
     )

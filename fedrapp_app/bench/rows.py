@@ -4,7 +4,7 @@ A row holds everything the reports need, so they never reopen a run folder: the 
 identity key, its labels in every grid, the run's summary numbers, per-round curves over all clients and
 per-client curves (accuracy, reliability r, memory rate mu, peer share gamma, the share of the peer weight
 that falls on clients of the same shift domain; with report-own-prompt also the own prompt's entropy and
-accuracy, and FedRAPP's trust). The file is rewritten through a rename after each cell,
+accuracy, and FedRAPP's trusts). The file is rewritten through a rename after each cell,
 so an interrupted grid leaves only whole rows behind.
 """
 
@@ -23,8 +23,8 @@ import numpy as np
 
 ROWS_FILE = "cells.jsonl"
 #: Per-client curves that only runs with report-own-prompt have: the own last tuned prompt's entropy and
-#: accuracy on each batch, and FedRAPP's trust (its trust option).
-OWN_PROMPT_KEYS = ("h_own", "acc_own", "trust")
+#: accuracy on each batch, and FedRAPP's memory and peer trusts (its trust option).
+OWN_PROMPT_KEYS = ("h_own", "acc_own", "trust_memory", "trust_peers")
 #: The same runs' method statistics kept as curves: curve name -> client metric (base.OwnPrompt's stats).
 OWN_PROMPT_STATS = {
     "marginal_own": "stat-own_marginal_entropy",

@@ -34,6 +34,8 @@ class Adaptation:
     # With ``own_prompt`` on (ours): the client's own last tuned prompt P~(t-1) scored on this batch, before
     # adaptation. None in its first round (no own prompt yet) and when off.
     h_own: float | None = None  # mean prediction entropy of the own prompt (what FedRAPP's trust option reads)
+    hm_pre: float | None = None  # entropy of the batch-mean prediction, received prompt (read by the same)
+    hm_own: float | None = None  # the same, own prompt
     predictions_own: Tensor | None = None  # [B] long: its predictions (scored for the analysis only)
 
 
@@ -106,8 +108,10 @@ class OwnScore:
     """The own last tuned prompt P~(t-1) on this round's batch, beside the received prompt (B = batch size)."""
 
     h_own: float  # mean prediction entropy of the own prompt
+    hm_pre: float  # entropy of the batch-mean prediction of the received prompt
+    hm_own: float  # the same for the own prompt
     predictions: Tensor  # [B] long
-    stats: dict[str, float]  # for the analysis: own_* marginal entropies and agreement with the received prompt
+    stats: dict[str, float]  # for the analysis: the marginal entropies and the agreement with the received prompt
 
 
 def batch_marginal_entropy(logits: Tensor) -> float:
@@ -152,12 +156,15 @@ class OwnPrompt:
             logits = pclip.logits(features.to(pclip.device, torch.float32), pclip.text_features(blocks))
         predictions = logits.argmax(-1).cpu()
         received = received_logits.detach()
+        hm_own, hm_pre = batch_marginal_entropy(logits), batch_marginal_entropy(received)
         return OwnScore(
             h_own=mean_entropy(logits),
+            hm_pre=hm_pre,
+            hm_own=hm_own,
             predictions=predictions,
             stats={
-                "own_marginal_entropy": batch_marginal_entropy(logits),
-                "received_marginal_entropy": batch_marginal_entropy(received),
+                "own_marginal_entropy": hm_own,
+                "received_marginal_entropy": hm_pre,
                 "own_agreement": float((predictions == received.argmax(-1).cpu()).float().mean()),
             },
         )
@@ -186,7 +193,7 @@ class OwnPrompt:
 def with_own_score(adaptation: Adaptation, own: OwnScore | None) -> Adaptation:
     """``adaptation`` with the own prompt's score filled in (unchanged when there is none)."""
     if own is not None:
-        adaptation.h_own = own.h_own
+        adaptation.h_own, adaptation.hm_pre, adaptation.hm_own = own.h_own, own.hm_pre, own.hm_own
         adaptation.predictions_own = own.predictions
         adaptation.stats.update(own.stats)
     return adaptation

@@ -15,7 +15,7 @@ import torch
 from torch import Tensor
 
 from fedrapp_app.engine.prompts import PromptedCLIP
-from fedrapp_app.methods.base import Adaptation, LocalMethod, check_prompt, mean_entropy
+from fedrapp_app.methods.base import Adaptation, LocalMethod, batch_marginal_entropy, check_prompt, mean_entropy
 
 
 @dataclass(frozen=True)
@@ -48,4 +48,5 @@ class ZeroShot(LocalMethod):
         adaptation = Adaptation(received, predictions, predictions.clone(), h, h, {"updated": 0.0})
         if self.params.own_prompt:  # whichever prompt the client kept, zero-shot predicts the same
             adaptation.h_own, adaptation.predictions_own = h, predictions.clone()
+            adaptation.hm_pre = adaptation.hm_own = batch_marginal_entropy(logits)
         return adaptation

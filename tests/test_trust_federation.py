@@ -1,0 +1,88 @@
+"""FedRAPP's trust option (ours, issue 15) through the whole app: the real ServerApp body, strategy and ClientApp
+in-process on a tiny random CLIP, and (slow) through Flower's simulation engine."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from fedrapp_app.client import app as client_app
+from fedrapp_app.server import run_server
+from fedrapp_app.testbed import world
+from fedrapp_app.testbed.tiny import make_tiny_clip
+
+from federation import SpyGrid, comparable_rows, read_rows, run_federation, small_run
+
+#: The trust option with a step large enough to move the trusts within the test's few rounds.
+TRUST = {"trust-rate": 0.5, "trust-memory-target": 0.5, "trust-peer-target": 0.2}
+
+
+@pytest.fixture(scope="module")
+def testbed_tiny(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return make_tiny_clip(tmp_path_factory.mktemp("tiny_testbed"), world.CLASSNAMES)
+
+
+def test_reporting_the_own_prompt_changes_no_prompt_and_no_score(testbed_tiny, tmp_path):
+    """report-own-prompt is for the analysis: the same prompts in every round, the same predictions."""
+    base = small_run(testbed_tiny, tmp_path, **{"num-rounds": 3, "local-method": "im"})
+    plain, plain_grid, _ = run_federation({**base, "run-name": "plain"})
+    reported, reported_grid, _ = run_federation({**base, "run-name": "reported", "report-own-prompt": True})
+    assert plain_grid.sent.keys() == reported_grid.sent.keys()
+    assert all(np.array_equal(plain_grid.sent[k], reported_grid.sent[k]) for k in plain_grid.sent)
+    assert plain["micro_accuracy"] == reported["micro_accuracy"]
+    rows = read_rows(reported["run_dir"])
+    assert all("h_own" not in r for r in rows if r["round"] == 1)  # no own prompt before the first round
+    later = [r for r in rows if r["round"] > 1]
+    assert later and all(r["h_own"] >= 0 and 0 <= r["acc_own"] <= 1 for r in later)
+    assert all("trust_memory" not in r for r in rows)  # the paper's rule: no trust
+
+
+def test_the_trust_option_runs_and_scales_mu_and_gamma(testbed_tiny, tmp_path):
+    summary, grid, _ = run_federation(small_run(testbed_tiny, tmp_path, **{"num-rounds": 4}, **TRUST))
+    assert summary["status"] == "finished" and summary["complete"]
+    rows = read_rows(summary["run_dir"])
+    assert all(0.0 <= r["trust_memory"] <= 1.0 and 0.0 <= r["trust_peers"] <= 1.0 for r in rows)
+    assert all(r["trust_memory"] == r["trust_peers"] == 1.0 for r in rows if r["round"] == 1)  # no evidence yet
+    assert all(r["mu"] <= r["trust_memory"] + 1e-12 and r["gamma"] <= 0.8 * r["trust_peers"] + 1e-12 for r in rows)
+    assert any(r["trust_memory"] < 1.0 for r in rows)  # evidence arrived and moved a trust
+
+
+def test_a_resumed_trust_run_gives_the_same_results(testbed_tiny, tmp_path):
+    """The trusts are server state: checkpointed after every round and restored on resume."""
+    base = small_run(testbed_tiny, tmp_path, **{"num-rounds": 4}, **TRUST)
+    whole, whole_grid, _ = run_federation({**base, "run-name": "whole"})
+
+    def stop_after_round_2(round_number: int, strategy) -> None:
+        if round_number == 2:
+            assert set(strategy.state.rule_state) == {"trust-memory", "trust-peers"}
+            raise KeyboardInterrupt("stopped after round 2")
+
+    cut = {**base, "run-name": "cut"}
+    with pytest.raises(KeyboardInterrupt):
+        run_server(SpyGrid(client_app, 3, cut), cut, on_round=stop_after_round_2)
+    resumed, resumed_grid, _ = run_federation({**cut, "resume": True})
+    assert resumed["resumed_after_round"] == 2
+    assert comparable_rows(read_rows(whole["run_dir"])) == comparable_rows(read_rows(resumed["run_dir"]))
+    assert all(np.array_equal(resumed_grid.sent[k], whole_grid.sent[k]) for k in resumed_grid.sent)
+
+
+def test_labels_never_reach_a_trust(testbed_tiny, tmp_path, monkeypatch):
+    """Permuting the labels of every stream changes the scores, not one prompt nor one trust."""
+    from fedrapp_app.data import ClientStream
+
+    config = small_run(testbed_tiny, tmp_path / "a", **{"num-rounds": 3}, **TRUST)
+    base, grid_a, _ = run_federation(config)
+    permutation = np.random.default_rng(3).permutation(len(world.CLASSNAMES))
+    original = ClientStream.batch
+
+    def permuted(self, position):
+        batch = original(self, position)
+        return type(batch)(batch.images, permutation[batch.labels], batch.indices, batch.position)
+
+    monkeypatch.setattr(ClientStream, "batch", permuted)
+    other, grid_b, _ = run_federation({**config, "output-dir": str(tmp_path / "b")})
+    assert all(np.array_equal(grid_a.sent[k], grid_b.sent[k]) for k in grid_a.sent)
+    trusts = [[(r["trust_memory"], r["trust_peers"]) for r in read_rows(s["run_dir"])] for s in (base, other)]
+    assert trusts[0] == trusts[1] and base["micro_accuracy"] != other["micro_accuracy"]
