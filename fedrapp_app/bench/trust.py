@@ -1,0 +1,283 @@
+"""``python -m fedrapp_app.bench.trust <bench-dir>``: is the own-prompt signal honest, and does the trust option meet
+its goal? (docs/results/personalization.md, "Personalization that never hurts").
+
+Reads only ``<bench-dir>/cells.jsonl`` and writes ``trust.md`` (and ``signal-<grid>.png``) into ``--out``:
+
+* **Signal honesty**, per setting that ran with ``report-own-prompt`` (or the trust option): for every (client,
+  round) in which the client had an own prompt, the real accuracy change of what the server sent over what the
+  client would have kept alone, Δacc = acc(received) − acc(own) on that batch before adaptation, against three
+  label-free candidates the client can compute from the same two sets of logits: the entropy gap H_own − H_pre
+  (positive: the sent prompt is the more confident), the marginal gap Hm_pre − Hm_own (positive: the sent prompt
+  spreads its predictions over more classes) and their sum, the information gap (I = Hm − H, the mutual
+  information between an image and its prediction on the batch: positive when the sent prompt has the larger I).
+  For each: the Pearson correlation with Δacc, centred within each round of each seed (a signal that only
+  tracked the round would not count), and how often its sign is Δacc's (over pairs where both are non-zero).
+* **Goal table** of a grid compared on [method, rule] with a context axis (the setting): per (setting, method),
+  every rule's online accuracy (mean ± std over seeds) and the paired gaps to none-fed and FedAvg.
+
+Labels enter only the scoring (Δacc, accuracies), never a signal.
+"""
+
+from __future__ import annotations
+
+import io
+import sys
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from fedrapp_app.bench.personalization import paired_gap, save_small_png
+from fedrapp_app.bench.rows import read_rows, report_main, write_text_atomic
+from fedrapp_app.bench.stats import Setting, mean_std, settings_of
+
+#: The label-free candidates, by name: a function of the arrays (e, dm) -> signal, with e = H_own − H_pre and
+#: dm = Hm_own − Hm_pre; every candidate is positive when it says the sent prompt is the better one.
+CANDIDATES: dict[str, str] = {
+    "entropy": "H_own − H_pre",
+    "marginal": "Hm_pre − Hm_own",
+    "information": "I_pre − I_own",
+}
+
+
+def candidate(name: str, e: np.ndarray, dm: np.ndarray) -> np.ndarray:
+    """The candidate signal ``name`` (see :data:`CANDIDATES`) from the entropy and marginal-entropy gaps."""
+    if name == "entropy":
+        return e
+    if name == "marginal":
+        return -dm
+    if name == "information":
+        return e - dm
+    raise ValueError(f"unknown signal {name!r}; choose one of {sorted(CANDIDATES)}")
+
+
+@dataclass(frozen=True)
+class Pairs:
+    """(client, round) pairs of one setting with an own prompt: arrays of equal length M."""
+
+    ident: np.ndarray  # [M] int: one id per (seed, round), for centring within a round
+    e: np.ndarray  # [M] H_own − H_pre
+    dm: np.ndarray  # [M] Hm_own − Hm_pre
+    dacc: np.ndarray  # [M] acc(received) − acc(own), fractions
+
+    def __len__(self) -> int:
+        return int(self.dacc.size)
+
+
+def own_prompt_pairs(rows: Sequence[Mapping[str, Any]]) -> Pairs:
+    """Every (client, round) of ``rows`` (one setting's seeds) whose client scored an own prompt."""
+    ident, e, dm, dacc = [], [], [], []
+    rounds: dict[tuple[int, int], int] = {}
+    for seed_index, row in enumerate(rows):
+        for block in row.get("clients", {}).values():
+            if "h_own" not in block:
+                continue
+            series = zip(
+                block["round"],
+                block["h_pre"],
+                block["h_own"],
+                block["acc_before"],
+                block["acc_own"],
+                block["marginal_received"],
+                block["marginal_own"],
+                strict=True,
+            )
+            for t, h_pre, h_own, acc_before, acc_own, m_pre, m_own in series:
+                if h_own is None or acc_own is None or m_pre is None or m_own is None:
+                    continue
+                ident.append(rounds.setdefault((seed_index, int(t)), len(rounds)))
+                e.append(h_own - h_pre)
+                dm.append(m_own - m_pre)
+                dacc.append(acc_before - acc_own)
+    return Pairs(np.array(ident, dtype=int), np.array(e), np.array(dm), np.array(dacc))
+
+
+def centred(values: np.ndarray, ident: np.ndarray) -> np.ndarray:
+    """``values`` minus the mean of its group (same ``ident``) [M]."""
+    if values.size == 0:
+        return values
+    sums = np.bincount(ident, weights=values)
+    counts = np.bincount(ident)
+    return values - (sums / np.maximum(counts, 1))[ident]
+
+
+def pearson(x: np.ndarray, y: np.ndarray) -> float:
+    """Pearson correlation; NaN with fewer than 3 values or no spread."""
+    if x.size < 3 or x.std() == 0 or y.std() == 0:
+        return float("nan")
+    return float(np.corrcoef(x, y)[0, 1])
+
+
+def sign_agreement(signal: np.ndarray, dacc: np.ndarray) -> float:
+    """Share of the pairs with a non-zero signal and a non-zero Δacc in which both have the same sign."""
+    both = (np.abs(signal) > 1e-9) & (np.abs(dacc) > 1e-9)
+    return float(np.mean(np.sign(signal[both]) == np.sign(dacc[both]))) if both.any() else float("nan")
+
+
+@dataclass(frozen=True)
+class Honesty:
+    """How well each candidate predicts Δacc in one setting."""
+
+    pairs: int
+    dacc: float  # mean Δacc (fraction)
+    received_better: float  # share of pairs with Δacc > 0
+    corr: dict[str, float]  # candidate -> correlation with Δacc, both centred within rounds
+    agreement: dict[str, float]  # candidate -> sign agreement with Δacc
+    positive: dict[str, float]  # candidate -> share of pairs in which it says the sent prompt is better
+
+
+def honesty(pairs: Pairs) -> Honesty | None:
+    """The signal-honesty numbers of one setting (None without pairs)."""
+    if not len(pairs):
+        return None
+    target = centred(pairs.dacc, pairs.ident)
+    corr, agreement, positive = {}, {}, {}
+    for name in CANDIDATES:
+        signal = candidate(name, pairs.e, pairs.dm)
+        corr[name] = pearson(centred(signal, pairs.ident), target)
+        agreement[name] = sign_agreement(signal, pairs.dacc)
+        positive[name] = float(np.mean(signal > 1e-9))
+    return Honesty(len(pairs), float(pairs.dacc.mean()), float(np.mean(pairs.dacc > 1e-9)), corr, agreement, positive)
+
+
+# ---------------------------------------------------------------------------------------------- markdown
+def honesty_markdown(settings: Sequence[Setting]) -> str:
+    """One line per setting with own-prompt pairs: Δacc and, per candidate, corr / sign agreement / P(positive)."""
+    head = " | ".join(f"{name}: corr, sign agrees, says sent better" for name in CANDIDATES)
+    out = io.StringIO()
+    rule = "|---|---|---|---|" + "---|" * len(CANDIDATES)
+    out.write(f"| setting | pairs | Δacc (points) | sent better | {head} |\n{rule}\n")
+    for s in settings:
+        h = honesty(own_prompt_pairs(s.rows))
+        if h is None:
+            continue
+        label = ", ".join(s.labels[a] for a in s.labels)
+        cells = [
+            f"{h.corr[name]:+.2f}, {100 * h.agreement[name]:.0f}%, {100 * h.positive[name]:.0f}%" for name in CANDIDATES
+        ]
+        lead = f"| {label} | {h.pairs} | {100 * h.dacc:+.2f} | {100 * h.received_better:.0f}% | "
+        out.write(lead + " | ".join(cells) + " |\n")
+    return out.getvalue()
+
+
+def goal_markdown(settings: Sequence[Setting], rules: Sequence[str] | None = None) -> str:
+    """Per (context, method) of a [method, rule] grid: each rule's accuracy, and paired gaps to none-fed and FedAvg.
+
+    ``rules``: the rule labels to show, in order (default: all, in the grid's order). The gap columns use the
+    rules whose strategy is none-fed and fedavg.
+    """
+    if not settings:
+        return ""
+    method_axis, rule_axis = settings[0].compare
+    table: dict[tuple[str, str], dict[str, Setting]] = {}
+    for s in settings:
+        if rule_axis not in s.labels:
+            continue
+        key = (s.context_name, s.labels[method_axis])
+        table.setdefault(key, {})[s.labels[rule_axis]] = s
+    order = list(rules) if rules else list(dict.fromkeys(r for block in table.values() for r in block))
+    out = io.StringIO()
+    out.write("| setting | method | " + " | ".join(order) + " |\n|---|---|" + "---|" * len(order) + "\n")
+    for (context, method), block in table.items():
+        cells = [block[r].metric("micro_accuracy").format() if r in block else "" for r in order]
+        out.write(f"| {context} | {method} | " + " | ".join(cells) + " |\n")
+    for reference in ("none-fed", "fedavg"):
+        out.write(
+            f"\n| Δ vs {reference} (paired, points) | method | "
+            + " | ".join(r for r in order if not _is(table, r, reference))
+            + " |\n|---|---|"
+            + "---|" * sum(not _is(table, r, reference) for r in order)
+            + "\n"
+        )
+        for (context, method), block in table.items():
+            base = next((s for s in block.values() if s.strategy == reference), None)
+            cells = [
+                paired_gap(block[r], base).format(signed=True) if base is not None and r in block else ""
+                for r in order
+                if not _is(table, r, reference)
+            ]
+            out.write(f"| {context} | {method} | " + " | ".join(cells) + " |\n")
+    return out.getvalue()
+
+
+def _is(table: Mapping[tuple[str, str], Mapping[str, Setting]], label: str, strategy: str) -> bool:
+    """Whether rule label ``label`` runs ``strategy`` (checked on any method that has it)."""
+    return any(label in block and block[label].strategy == strategy for block in table.values())
+
+
+def signal_figure(settings: Sequence[Setting], title: str, path: Path) -> Path | None:
+    """Binned Δacc against each candidate signal (one panel per candidate, one line per setting): a signal is
+    honest where its line rises from left to right through (0, 0)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    data = [(s, own_prompt_pairs(s.rows)) for s in settings]
+    data = [(s, p) for s, p in data if len(p) >= 20]
+    if not data:
+        return None
+    fig, axes = plt.subplots(1, len(CANDIDATES), figsize=(4.0 * len(CANDIDATES), 3.4), squeeze=False)
+    for ax, name in zip(axes[0], CANDIDATES, strict=True):
+        for k, (s, p) in enumerate(data):
+            signal = candidate(name, p.e, p.dm)
+            edges = np.quantile(signal, np.linspace(0, 1, 6))
+            which = np.clip(np.searchsorted(edges, signal, side="right") - 1, 0, 4)
+            x = [signal[which == b].mean() for b in range(5) if (which == b).any()]
+            y = [100 * p.dacc[which == b].mean() for b in range(5) if (which == b).any()]
+            ax.plot(x, y, marker="o", markersize=3, color=f"C{k % 10}", label=", ".join(s.labels.values()))
+        ax.axhline(0, color="grey", linewidth=0.8)
+        ax.axvline(0, color="grey", linewidth=0.8)
+        ax.set_title(f"{name}: {CANDIDATES[name]}", fontsize=9)
+        ax.set_xlabel("signal (quintile means)", fontsize=8)
+        ax.grid(alpha=0.3)
+    axes[0, 0].set_ylabel("Δacc, sent − own (points)", fontsize=8)
+    axes[0, -1].legend(fontsize=6, loc="best")
+    fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    save_small_png(fig, path)
+    plt.close(fig)
+    return path
+
+
+def write_trust(bench_dir: str | Path, out_dir: str | Path | None = None) -> Path:
+    """Write ``trust.md`` (signal honesty and goal tables of every grid) and the signal figures."""
+    rows = read_rows(bench_dir)
+    if not rows:
+        raise FileNotFoundError(f"no finished cells in {Path(bench_dir) / 'cells.jsonl'}")
+    out = Path(out_dir) if out_dir else Path(bench_dir) / "trust"
+    out.mkdir(parents=True, exist_ok=True)
+    settings = settings_of(rows)
+    text = io.StringIO()
+    text.write(f"# Own-prompt signal and trust option: `{Path(bench_dir).name}`\n\n")
+    for grid in dict.fromkeys(s.grid for s in settings):
+        members = [s for s in settings if s.grid == grid]
+        text.write(f"## {grid}\n\nOnline accuracy (micro, %), mean ± std over seeds:\n\n")
+        if len(members[0].compare) == 2:
+            text.write(goal_markdown(members) + "\n")
+        honest = honesty_markdown(members)
+        if honest.count("\n") > 2:
+            text.write(
+                "Signal honesty: per (client, round) with an own prompt, Δacc = acc(sent) − acc(own) on the batch "
+                "before adaptation; per candidate its correlation with Δacc (both centred within each round), how "
+                "often its sign is Δacc's, and how often it says the sent prompt is the better one.\n\n" + honest + "\n"
+            )
+            figure = signal_figure(members, f"{grid}: Δacc against each candidate signal", out / f"signal-{grid}.png")
+            if figure is not None:
+                text.write(f"![signal {grid}]({figure.name})\n\n")
+    path = out / "trust.md"
+    write_text_atomic(path, text.getvalue())
+    return path
+
+
+def main(argv: list[str] | None = None) -> int:
+    return report_main(argv, "python -m fedrapp_app.bench.trust", __doc__, write_trust, "trust")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
+
+
+__all__ = ["CANDIDATES", "Honesty", "Pairs", "candidate", "honesty", "mean_std", "own_prompt_pairs", "write_trust"]

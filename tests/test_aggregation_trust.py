@@ -1,0 +1,231 @@
+"""FedRAPP's trust option (ours, issue 15) as pure functions: off it is the paper's rule bit for bit; a client whose
+sent prompt always loses ends none-fed; relabelling the clients permutes everything; labels never enter."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from fedrapp_app.aggregation import FedRAPPParams, fedrapp_round, make_params, make_rule, synthetic_round
+from fedrapp_app.aggregation.fedrapp import (
+    TRUSTS,
+    OwnPromptSignals,
+    own_prompt_signals,
+    trust_evidence,
+    updated_trust,
+)
+
+ON = {"trust_rate": 0.5, "trust_memory_target": 0.4, "trust_peer_target": 0.2}
+
+
+def own_reports(rng: np.random.Generator, kw: dict, win: np.ndarray | None = None) -> dict[str, np.ndarray]:
+    """Random own-prompt reports of a round; where ``win`` is given, client i's sent prompt wins (True) or loses
+    (False) by 0.05 nats of information, with equal marginals."""
+    n = len(kw["replied"])
+    h_own = np.abs(kw["h_pre"]) + rng.normal(0, 0.05, n)
+    hm_pre = rng.uniform(2.0, 3.0, n)
+    hm_own = hm_pre + rng.normal(0, 0.05, n)
+    if win is not None:
+        h_own = np.where(win, kw["h_pre"] + 0.05, kw["h_pre"] - 0.05)
+        hm_own = hm_pre.copy()
+    absent = ~kw["replied"]
+    return {
+        k: np.where(absent, np.nan, np.abs(v)) for k, v in (("h_own", h_own), ("hm_pre", hm_pre), ("hm_own", hm_own))
+    }
+
+
+def next_round(rng: np.random.Generator, memory: np.ndarray, sent: np.ndarray, reply_prob: float = 0.8) -> dict:
+    """A round after ``memory``/``sent``: uploads are ``sent`` plus a random step (NaN where a client is absent)."""
+    n, d = sent.shape
+    kw = synthetic_round(rng, n, d, reply_prob=reply_prob)
+    kw.update(memory=memory, sent=sent, tuned=(sent + (kw["tuned"] - kw["sent"])).astype(np.float32))
+    return kw
+
+
+def assert_same_output(a, b) -> None:
+    assert np.array_equal(a.memory, b.memory) and np.array_equal(a.personalized, b.personalized)
+    for name in ("r", "mu", "gamma", "peer_weights"):
+        assert np.array_equal(getattr(a.diagnostics, name), getattr(b.diagnostics, name))
+
+
+# ----------------------------------------------------------------------------------- it reduces to the paper
+@settings(max_examples=40, deadline=None)
+@given(seed=st.integers(0, 2**32 - 1), init=st.floats(0, 1), marginal=st.floats(0, 3))
+def test_off_it_is_the_papers_rule_bit_for_bit_whatever_it_is_given(seed, init, marginal) -> None:
+    rng = np.random.default_rng(seed)
+    kw = synthetic_round(rng, 7, 12)
+    off = make_params("fedrapp", {"trust_init": init, "trust_marginal": marginal})  # trust_rate = 0
+    state = {name: rng.uniform(0, 1, 7) for name in TRUSTS}
+    paper = fedrapp_round(**kw)
+    ours = fedrapp_round(**kw, params=off, **own_reports(rng, kw), state=state)
+    assert_same_output(paper, ours)
+    assert ours.state == {} and ours.diagnostics.trust_memory is None
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_on_without_evidence_and_full_trust_it_is_the_papers_rule(seed) -> None:
+    """Trusts of 1 and nothing reported (a client without an own prompt yet, or a reply of the paper's protocol)."""
+    rng = np.random.default_rng(seed)
+    memory, sent = (synthetic_round(rng, 6, 20)[k] for k in ("memory", "sent"))
+    paper_state, our_state, state = (memory, sent), (memory, sent), None
+    for _ in range(4):
+        kw = next_round(rng, *paper_state)
+        paper = fedrapp_round(**kw)
+        ours = fedrapp_round(
+            **{**kw, "memory": our_state[0], "sent": our_state[1]}, params=FedRAPPParams(**ON), state=state
+        )
+        assert_same_output(paper, ours)
+        assert all(np.array_equal(v, np.ones(6)) for v in ours.state.values())
+        paper_state, our_state, state = (paper.memory, paper.personalized), (ours.memory, ours.personalized), ours.state
+
+
+# ---------------------------------------------------------------------- a client that always loses goes alone
+@pytest.mark.parametrize("seed", range(5))
+def test_a_client_whose_sent_prompt_always_loses_ends_none_fed(seed) -> None:
+    rng = np.random.default_rng(seed)
+    n, loser = 6, 2
+    p = FedRAPPParams(**ON)
+    memory, sent = (synthetic_round(rng, n, 16)[k] for k in ("memory", "sent"))
+    rounds_to_zero = math.ceil(1 / (p.trust_rate * min(p.trust_memory_target, p.trust_peer_target)))
+    state = None
+    for _ in range(rounds_to_zero + 3):
+        kw = next_round(rng, memory, sent, reply_prob=1.0)
+        win = rng.random(n) < 0.5
+        win[loser] = False
+        out = fedrapp_round(**kw, params=p, **own_reports(rng, kw, win), state=state)
+        memory, sent, state = out.memory, out.personalized, out.state
+    d = out.diagnostics
+    assert d.trust_memory[loser] == d.trust_peers[loser] == 0.0
+    assert d.mu[loser] == 0.0 and d.gamma[loser] == 0.0
+    # none-fed for it: its memory is its upload and it is sent its upload back, bit for bit
+    assert np.array_equal(out.memory[loser], kw["tuned"][loser])
+    assert np.array_equal(out.personalized[loser], kw["tuned"][loser])
+
+
+def test_a_trust_at_zero_stays_there_without_new_evidence() -> None:
+    """Sent its own prompt back, the client reports H_own = H_pre exactly: a tie, no evidence, the trust holds."""
+    rng = np.random.default_rng(0)
+    kw = synthetic_round(rng, 4, 8, reply_prob=1.0)
+    own = {"h_own": kw["h_pre"].copy(), "hm_pre": np.full(4, 2.0), "hm_own": np.full(4, 2.0)}
+    zero = {name: np.zeros(4) for name in TRUSTS}
+    out = fedrapp_round(**kw, params=FedRAPPParams(**ON), **own, state=zero)
+    assert all(np.array_equal(v, np.zeros(4)) for v in out.state.values())
+
+
+# ------------------------------------------------------------------------------------------- the evidence
+def test_the_marginal_guards_against_an_overconfident_collapse() -> None:
+    """The sent prompt is more confident (H lower by 0.1) but predicts fewer classes (marginal lower by 0.3): by
+    entropy alone it wins; by information (λ_m = 1) it loses."""
+    h_pre = np.array([1.0])
+    own = OwnPromptSignals(h_own=np.array([1.1]), hm_pre=np.array([2.0]), hm_own=np.array([2.3]))
+    replied = np.array([True])
+    assert trust_evidence(h_pre, own, replied, marginal=0.0)[0] == 1.0
+    assert trust_evidence(h_pre, own, replied, marginal=1.0)[0] == -1.0
+
+
+def test_no_reply_no_report_and_ties_are_no_evidence() -> None:
+    h_pre = np.array([1.0, 1.0, 1.0, 1.0, 1.0])
+    own = OwnPromptSignals(
+        h_own=np.array([1.2, np.nan, 1.0, 1.0 + 1e-9, 0.8]),
+        hm_pre=np.array([2.0, 2.0, 2.0, 2.0, 2.0]),
+        hm_own=np.array([2.0, 2.0, 2.0, 2.0, 2.0]),
+    )
+    replied = np.array([False, True, True, True, True])
+    assert trust_evidence(h_pre, own, replied, marginal=1.0).tolist() == [0.0, 0.0, 0.0, 0.0, -1.0]
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    trust=st.floats(0, 1),
+    target=st.floats(0, 1),
+    rate=st.floats(0, 1),
+    evidence=st.sampled_from([-1.0, 0.0, 1.0]),
+)
+def test_a_trust_stays_in_the_unit_interval_and_moves_with_the_evidence(trust, target, rate, evidence) -> None:
+    after = updated_trust(np.array([trust]), np.array([evidence]), target, rate)[0]
+    assert 0.0 <= after <= 1.0
+    assert (after >= trust) if evidence > 0 else (after <= trust) if evidence < 0 else after == trust
+
+
+def test_a_trust_holds_at_its_target_win_rate() -> None:
+    """Wins at rate ρ and losses at 1 − ρ cancel: κ(1 − ρ)·ρ = κρ·(1 − ρ)."""
+    trust = np.array([0.5])
+    for evidence in [1.0, -1.0, -1.0, -1.0] * 5:  # a win rate of 1/4
+        trust = updated_trust(trust, np.array([evidence]), target=0.25, rate=0.2)
+    assert trust[0] == pytest.approx(0.5)
+
+
+# ---------------------------------------------------------------------------------- clients and labels
+@pytest.mark.parametrize("seed", range(6))
+def test_relabelling_the_clients_permutes_the_outputs_and_the_trusts(seed) -> None:
+    rng = np.random.default_rng(seed)
+    kw = next_round(rng, *(synthetic_round(rng, 9, 21)[k] for k in ("memory", "sent")))
+    own = own_reports(rng, kw)
+    state = {name: rng.uniform(0, 1, 9) for name in TRUSTS}
+    perm = rng.permutation(9)
+    p = FedRAPPParams(**ON)
+    out = fedrapp_round(**kw, params=p, **own, state=state)
+    permuted = fedrapp_round(
+        **{k: v[perm] for k, v in kw.items()},
+        params=p,
+        **{k: v[perm] for k, v in own.items()},
+        state={k: v[perm] for k, v in state.items()},
+    )
+    for name in ("memory", "personalized"):
+        np.testing.assert_allclose(getattr(permuted, name), getattr(out, name)[perm], rtol=1e-6, atol=1e-9)
+    for name in TRUSTS:
+        assert np.array_equal(permuted.state[name], out.state[name][perm])
+    for name in ("mu", "gamma"):
+        np.testing.assert_allclose(
+            getattr(permuted.diagnostics, name), getattr(out.diagnostics, name)[perm], atol=1e-12
+        )
+
+
+@settings(max_examples=60, deadline=None)
+@given(seed=st.integers(0, 2**32 - 1))
+def test_absent_clients_keep_their_trusts_and_their_reports_are_never_read(seed) -> None:
+    rng = np.random.default_rng(seed)
+    kw = synthetic_round(rng, 8, 10, reply_prob=0.6)
+    own = own_reports(rng, kw)
+    state = {name: rng.uniform(0, 1, 8) for name in TRUSTS}
+    junk = {k: np.where(kw["replied"], v, rng.uniform(0, 50, 8)) for k, v in own.items()}
+    out = fedrapp_round(**kw, params=FedRAPPParams(**ON), **own, state=state)
+    again = fedrapp_round(**kw, params=FedRAPPParams(**ON), **junk, state=state)
+    absent = ~kw["replied"]
+    for name in TRUSTS:
+        assert np.array_equal(out.state[name][absent], state[name][absent])
+        assert np.array_equal(out.state[name], again.state[name])
+    assert np.array_equal(out.personalized, again.personalized)
+
+
+def test_bad_trust_inputs_are_refused_with_their_name() -> None:
+    rng = np.random.default_rng(1)
+    kw = synthetic_round(rng, 3, 4, reply_prob=1.0)
+    p = FedRAPPParams(**ON)
+    with pytest.raises(ValueError, match="trust-memory"):
+        fedrapp_round(**kw, params=p, state={"trust-memory": np.array([0.5, 1.5, 0.2])})
+    with pytest.raises(ValueError, match="h_own has shape"):
+        fedrapp_round(**kw, params=p, h_own=np.ones(2))
+    with pytest.raises(ValueError, match="hm_pre is negative"):
+        own_prompt_signals(np.ones(3, bool), None, np.array([1.0, -1.0, 1.0]), None)
+    with pytest.raises(ValueError, match="trust_rate"):
+        make_params("fedrapp", {"trust_rate": 1.5})
+
+
+def test_the_bound_rule_hands_the_reports_and_the_state_to_fedrapp_only() -> None:
+    rng = np.random.default_rng(2)
+    kw = synthetic_round(rng, 5, 6, reply_prob=1.0)
+    own = own_reports(rng, kw)
+    rule = make_rule("fedrapp", {"trust-rate": 0.5})
+    out = rule(*(kw[k] for k in ("tuned", "sent", "memory", "h_pre", "h_post", "replied", "num_examples")), own=own)
+    assert set(out.state) == set(TRUSTS)
+    fedavg = make_rule("fedavg")(
+        *(kw[k] for k in ("tuned", "sent", "memory", "h_pre", "h_post", "replied", "num_examples")),
+        own=own,
+        state=out.state,
+    )
+    assert fedavg.state == {}
