@@ -242,6 +242,55 @@ def signal_figure(settings: Sequence[Setting], title: str, path: Path) -> Path |
     return path
 
 
+#: The per-client curves of the trust option that :func:`trust_figure` draws, with their panel titles.
+TRUST_TRACES = (("trust_memory", "memory trust (factor on μ)"), ("trust_peers", "peer trust (factor on γ)"))
+
+
+def trust_figure(settings: Sequence[Setting], title: str, path: Path) -> Path | None:
+    """Rows: settings that ran the trust option; columns: its memory and peer trust per round. Thin lines: every
+    client of every seed (coloured by shift domain); thick: the mean of each domain."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = [s for s in settings if any("trust_memory" in b for r in s.rows for b in r.get("clients", {}).values())]
+    if not rows:
+        return None
+    height = 1.9 * len(rows) + 0.6
+    fig, axes = plt.subplots(len(rows), len(TRUST_TRACES), figsize=(9, height), squeeze=False, sharex=True)
+    for row_axes, s in zip(axes, rows, strict=True):
+        domains = sorted({str(b.get("domain")) for r in s.rows for b in r["clients"].values()})
+        colors = {d: f"C{i % 10}" for i, d in enumerate(domains)}
+        for ax, (key, _) in zip(row_axes, TRUST_TRACES, strict=True):
+            series: dict[str, dict[int, list[float]]] = {}
+            for r in s.rows:
+                for block in r["clients"].values():
+                    curve = zip(block["round"], block.get(key, []), strict=False)
+                    pairs = [(int(t), v) for t, v in curve if v is not None]
+                    domain = str(block.get("domain"))
+                    xs, ys = [t for t, _ in pairs], [v for _, v in pairs]
+                    ax.plot(xs, ys, color=colors[domain], alpha=0.2, linewidth=0.7)
+                    for t, v in pairs:
+                        series.setdefault(domain, {}).setdefault(t, []).append(v)
+            for domain, values in series.items():
+                order = sorted(values)
+                ax.plot(order, [np.mean(values[t]) for t in order], color=colors[domain], linewidth=2, label=domain)
+            ax.set_ylim(-0.05, 1.05)
+            ax.grid(alpha=0.3)
+        row_axes[0].set_ylabel(", ".join(s.labels.values()), fontsize=7)
+    for ax, (_, name) in zip(axes[0], TRUST_TRACES, strict=True):
+        ax.set_title(name, fontsize=9)
+    for ax in axes[-1]:
+        ax.set_xlabel("round")
+    axes[0, -1].legend(fontsize=6, loc="lower left")
+    fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    save_small_png(fig, path, dpi=80)
+    plt.close(fig)
+    return path
+
+
 def write_trust(bench_dir: str | Path, out_dir: str | Path | None = None) -> Path:
     """Write ``trust.md`` (signal honesty and goal tables of every grid) and the signal figures."""
     rows = read_rows(bench_dir)
@@ -267,6 +316,9 @@ def write_trust(bench_dir: str | Path, out_dir: str | Path | None = None) -> Pat
             figure = signal_figure(members, f"{grid}: Δacc against each candidate signal", out / f"signal-{grid}.png")
             if figure is not None:
                 text.write(f"![signal {grid}]({figure.name})\n\n")
+        traces = trust_figure(members, f"{grid}: trusts per client and round (all seeds)", out / f"trust-{grid}.png")
+        if traces is not None:
+            text.write(f"![trusts {grid}]({traces.name})\n\n")
     path = out / "trust.md"
     write_text_atomic(path, text.getvalue())
     return path

@@ -1,0 +1,109 @@
+"""The trust report (fedrapp_app.bench.trust): signal honesty from own-prompt curves, goal tables, figures."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from fedrapp_app.bench import write_rows
+from fedrapp_app.bench.stats import settings_of
+from fedrapp_app.bench.trust import candidate, centred, goal_markdown, honesty, main, own_prompt_pairs
+
+
+def own_block(domain: str, e: list[float], dm: list[float], dacc: list[float], trust: bool = False) -> dict:
+    """One client's curves: round 1 has no own prompt; later rounds have entropy gap e, marginal gap dm, Δacc."""
+    size = len(e) + 1
+    h_pre = [1.0] * size
+    block = {
+        "domain": domain,
+        "round": list(range(1, size + 1)),
+        "n": [10] * size,
+        "acc": [0.5] * size,
+        "acc_before": [0.5] * size,
+        "h_pre": h_pre,
+        "h_post": [0.9] * size,
+        "h_own": [None] + [1.0 + x for x in e],
+        "acc_own": [None] + [0.5 - x for x in dacc],
+        "marginal_received": [None] + [2.0] * len(e),
+        "marginal_own": [None] + [2.0 + x for x in dm],
+    }
+    if trust:
+        block.update(trust_memory=[1.0] + [0.5] * len(e), trust_peers=[1.0] * size)
+    return block
+
+
+def row(rule: str, strategy: str, seed: int, accuracy: float, clients: dict) -> dict:
+    labels = {"setting": "S1", "method": "im", "rule": rule, "seed": str(seed)}
+    return {
+        "key": f"{rule}-{seed}",
+        "id": f"{rule}-{seed}",
+        "config": {"strategy": strategy, "local-method": "im", "seed": seed},
+        "grids": {
+            "g": {
+                "index": 0,
+                "labels": labels,
+                "order": [0, 0, 0, seed],
+                "compare": ["method", "rule"],
+                "oracle": False,
+            }
+        },
+        "summary": {"micro_accuracy": accuracy, "macro_accuracy": accuracy, "micro_accuracy_received_prompt": accuracy},
+        "seconds": 1.0,
+        "clients": clients,
+    }
+
+
+def test_an_honest_signal_scores_one_and_a_lying_one_a_third():
+    # Δacc follows the information gap e − dm exactly; the entropy gap e alone mostly points the other way.
+    e, dm = [0.3, -0.1, 0.2], [0.5, -0.4, 0.1]
+    dacc = [x - y for x, y in zip(e, dm, strict=True)]  # -0.2, +0.3, +0.1
+    flip = [[-x for x in values] for values in (e, dm, dacc)]
+    clients = {"0": own_block("blur", e, dm, dacc), "1": own_block("contrast", *flip)}
+    pairs = own_prompt_pairs([row("fedrapp", "fedrapp", 0, 0.5, clients)])
+    assert len(pairs) == 6  # round 1 had no own prompt
+    h = honesty(pairs)
+    assert h.agreement["information"] == 1.0 and h.corr["information"] == pytest.approx(1.0)
+    assert h.agreement["entropy"] == pytest.approx(1 / 3) and h.corr["entropy"] < 0
+    assert h.received_better == pytest.approx(0.5) and h.positive["information"] == pytest.approx(0.5)
+    np.testing.assert_allclose(candidate("marginal", pairs.e, pairs.dm)[:3], [-0.5, 0.4, -0.1])
+    with pytest.raises(ValueError, match="unknown signal"):
+        candidate("loss", pairs.e, pairs.dm)
+
+
+def test_centring_removes_each_rounds_mean():
+    ident = np.array([0, 0, 1, 1, 1])
+    np.testing.assert_allclose(centred(np.array([1.0, 3.0, 0.0, 3.0, 6.0]), ident), [-1, 1, -3, 0, 3])
+
+
+def test_goal_table_pairs_every_rule_with_none_fed_and_fedavg_on_the_same_seeds():
+    rows = [
+        row(rule, strategy, seed, acc + seed / 100, {})
+        for rule, strategy, acc in (
+            ("none-fed", "none-fed", 0.50),
+            ("fedavg", "fedavg", 0.48),
+            ("trust", "fedrapp", 0.52),
+        )
+        for seed in (0, 1)
+    ]
+    text = goal_markdown(settings_of(rows))
+    assert "| S1 | im | 50.50 ± 0.71 | 48.50 ± 0.71 | 52.50 ± 0.71 |" in text
+    assert "| S1 | im | -2.00 ± 0.00 | +2.00 ± 0.00 |" in text  # vs none-fed: fedavg, trust
+    assert "| S1 | im | +2.00 ± 0.00 | +4.00 ± 0.00 |" in text  # vs fedavg: none-fed, trust
+
+
+def test_the_report_writes_its_tables_and_figures(tmp_path):
+    rng = np.random.default_rng(0)
+    clients = {
+        str(c): own_block("blur" if c % 2 else "contrast", *(list(rng.normal(0, 0.1, 30)) for _ in range(3)), True)
+        for c in range(4)
+    }
+    rows = [row("trust", "fedrapp", seed, 0.5, clients) for seed in (0, 1)]
+    write_rows(tmp_path, rows)
+    assert main([str(tmp_path), "--out", str(tmp_path / "out")]) == 0
+    text = (tmp_path / "out" / "trust.md").read_text()
+    assert "Signal honesty" in text and "| S1, im, trust | 240 |" in text
+    for name in ("signal-g.png", "trust-g.png"):
+        with Image.open(tmp_path / "out" / name) as image:
+            assert image.size[0] > 300
+    assert main([str(tmp_path / "empty")]) == 2
