@@ -6,12 +6,20 @@ benchmarks.
 process`` and a ``fedrapp-superexec`` next to it (``python -m fedrapp_app.deploy``), writing its per-task
 stats to ``folder/stats-<client>.jsonl``.
 
+Single parts can be stopped, killed and started again (``stop_node`` / ``start_node``, ``stop_superlink`` /
+``start_superlink``; the SuperLink keeps its port and, with ``database``, its state), and a run can be
+submitted without waiting for it (``submit``): the chaos tests and ``benchmarks/chaos.py`` use that.
+
 Every process gets its own session and is stopped by process group on exit; the environment also carries a
 launch mark (``fedrapp_app.processes``), so anything that escaped its group is found and stopped too.
 """
 
 from __future__ import annotations
 
+import contextlib
+import os
+import re
+import signal
 import subprocess
 import sys
 import time
@@ -32,6 +40,30 @@ from fedrapp_app.processes import LAUNCH_ID_ENV, stop_marked
 
 Executor = Literal["stock", "warm"]
 CONNECTION = "loopback"
+NODE_ID_LINE = re.compile(r"SuperNode ID: (\d+)")
+RUN_ID_LINE = re.compile(r"Successfully started run (\d+)")
+
+
+def run_id_of(output: str) -> int | None:
+    """The run id ``flwr run`` printed (None: it submitted nothing)."""
+    found = RUN_ID_LINE.search(output)
+    return int(found.group(1)) if found else None
+
+
+def descendants(root: int) -> list[int]:
+    """The live processes below ``root`` (not itself), read from /proc."""
+    parents: dict[int, int] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            with contextlib.suppress(OSError, IndexError, ValueError):
+                parents[int(entry.name)] = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+    found, todo = [], [root]
+    while todo:
+        current = todo.pop()
+        children = [pid for pid, parent in parents.items() if parent == current]
+        found += children
+        todo += children
+    return found
 
 
 class Loopback:
@@ -46,6 +78,7 @@ class Loopback:
         node_config: dict[int, dict[str, Any]] | None = None,
         node_env: dict[str, str] | None = None,
         executor_args: tuple[str, ...] = (),
+        database: Path | None = None,
     ) -> None:
         if executor not in ("stock", "warm"):
             raise ValueError(f"executor must be 'stock' or 'warm', got {executor!r}")
@@ -53,20 +86,27 @@ class Loopback:
         self.nodes = nodes
         self.executor = executor
         self.node_config = node_config or {}
+        self.database = database
         self.launch_id = "loopback-" + uuid.uuid4().hex
         self.env = {**contained_env(self.folder / "flwr-home"), LAUNCH_ID_ENV: self.launch_id}
         self.node_env = {**self.env, **(node_env or {})}
         self.executor_args = executor_args
-        self.processes: dict[str, subprocess.Popen] = {}
+        self.processes: dict[str, subprocess.Popen] = {}  # the current process of each part
+        self._others: list[subprocess.Popen] = []  # replaced parts and submitted runs (stopped by stop())
         self.cwd = self.folder / "cwd"
         self.port = 0
         self.runtime_ports: list[int] = []
 
     def _start(self, name: str, command: list[str], env: dict[str, str]) -> subprocess.Popen:
-        log = open(self.folder / f"{name}.log", "w")  # noqa: SIM115 - closed with the process
+        if name in self.processes:
+            self._others.append(self.processes.pop(name))
+        log = open(self.folder / f"{name}.log", "a")  # noqa: SIM115 - closed with the process
+        log.write(f"--- started at {time.time():.3f}: {' '.join(command)}\n")
+        log.flush()
         process = subprocess.Popen(
             command, cwd=self.cwd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
         )
+        log.close()  # the child holds its own copy
         self.processes[name] = process
         return process
 
@@ -83,36 +123,79 @@ class Loopback:
         command += ["--stats", str(self.stats_path(client)), *self.executor_args]
         return self._start(name, command, self.node_env)
 
+    def start_superlink(self) -> subprocess.Popen:
+        """Start the SuperLink (again: on the same port and ``database``) and wait until it answers."""
+        if "superlink" in self.processes and self.processes["superlink"].poll() is None:
+            raise RuntimeError("the SuperLink is already running; stop it first (stop_superlink)")
+        self.port = self.port or free_port()
+        command = ["flower-superlink", "--insecure", "--disable-runtime-dependency-installation"]
+        command += ["--host", "127.0.0.1", "--port", str(self.port)]
+        if self.database is not None:
+            command += ["--database", str(self.database)]
+        link = self._start("superlink", command, self.env)
+        wait_healthy(self.port, link)
+        return link
+
+    def stop_superlink(self, sig: int = signal.SIGTERM, timeout: float = 30.0) -> None:
+        """Signal the SuperLink's process group (its SuperExec and ServerApp included) and wait for it (up to
+        ``timeout`` seconds, then SIGTERM and SIGKILL)."""
+        self._signal_group("superlink", sig, timeout)
+
+    def start_node(self, client: int) -> subprocess.Popen:
+        """Start SuperNode ``client`` (again) and, for the warm executor, its ``fedrapp-superexec`` unless that
+        one still runs (it reconnects to the restarted SuperNode on its own)."""
+        name = f"supernode{client}"
+        if name in self.processes and self.processes[name].poll() is None:
+            raise RuntimeError(f"SuperNode {client} is already running; stop it first (stop_node)")
+        while len(self.runtime_ports) <= client:
+            self.runtime_ports.append(free_port())
+        config = {"client-id": client, **self.node_config.get(client, {})}
+        command = ["flower-supernode", "--insecure", "--superlink", f"127.0.0.1:{self.port}"]
+        command += ["--port", str(self.runtime_ports[client])]
+        command += ["--node-config", " ".join(f"{k}={toml_value(v)}" for k, v in config.items())]
+        if self.executor == "warm":
+            command += ["--isolation", "process"]
+        node = self._start(name, command, self.node_env)
+        executor = self.processes.get(f"executor{client}")
+        if self.executor == "warm" and (executor is None or executor.poll() is not None):
+            self.start_executor(client)
+        return node
+
+    def stop_node(self, client: int, sig: int = signal.SIGTERM, executor: bool = True) -> None:
+        """Signal SuperNode ``client``: its process group and every process below it (the ClientApp of a stock
+        node); with ``executor`` (warm) its ``fedrapp-superexec`` and workers too, as when a host dies."""
+        self._signal_group(f"supernode{client}", sig)
+        if executor and f"executor{client}" in self.processes:
+            self._signal_group(f"executor{client}", sig)
+
+    def _signal_group(self, name: str, sig: int, timeout: float = 30.0) -> None:
+        process = self.processes[name]
+        if process.poll() is not None:
+            return
+        below = descendants(process.pid)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, sig)
+        if sig == signal.SIGKILL:  # a crash takes everything below the process down at once
+            for pid in below:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, sig)
+        try:
+            process.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            stop_process_group(process)
+
+    def node_ids(self, client: int) -> list[int]:
+        """The node ids SuperNode ``client`` was given so far (one per start), read from its log."""
+        path = self.folder / f"supernode{client}.log"
+        return [int(m) for m in NODE_ID_LINE.findall(path.read_text())] if path.is_file() else []
+
     def __enter__(self) -> Loopback:
         self.folder.mkdir(parents=True, exist_ok=True)
         self.cwd.mkdir(exist_ok=True)
         try:
-            self.port = free_port()
-            link = self._start(
-                "superlink",
-                [
-                    "flower-superlink",
-                    "--insecure",
-                    "--disable-runtime-dependency-installation",
-                    "--host",
-                    "127.0.0.1",
-                    "--port",
-                    str(self.port),
-                ],
-                self.env,
-            )
-            wait_healthy(self.port, link)
+            self.start_superlink()
             for client in range(self.nodes):
-                self.runtime_ports.append(free_port())
-                config = {"client-id": client, **self.node_config.get(client, {})}
-                command = ["flower-supernode", "--insecure", "--superlink", f"127.0.0.1:{self.port}"]
-                command += ["--port", str(self.runtime_ports[client])]
-                command += ["--node-config", " ".join(f"{k}={toml_value(v)}" for k, v in config.items())]
-                if self.executor == "warm":
-                    command += ["--isolation", "process"]
-                self._start(f"supernode{client}", command, self.node_env)
-                if self.executor == "warm":
-                    self.start_executor(client)
+                self.start_node(client)
             write_connection(self.env, CONNECTION, f"127.0.0.1:{self.port}")
         except BaseException:
             self.stop()
@@ -124,16 +207,37 @@ class Loopback:
 
     def stop(self) -> list[int]:
         """Stop every process started here; returns the PIDs that only the launch mark found (should be [])."""
-        for process in reversed(list(self.processes.values())):
+        for process in reversed([*self._others, *self.processes.values()]):
             stop_process_group(process)
         return stop_marked(self.launch_id)
 
+    def _run_command(self, app_dir: Path, config: dict[str, Any]) -> list[str]:
+        overrides = " ".join(f"{k}={toml_value(v)}" for k, v in config.items())
+        return ["flwr", "run", str(app_dir), CONNECTION, "--stream", "-c", overrides]
+
+    def submit(self, app_dir: Path, config: dict[str, Any], log: Path) -> subprocess.Popen:
+        """Start ``flwr run app_dir loopback --stream -c <config>`` without waiting; its output goes to ``log``."""
+        with open(log, "a") as out:
+            process = subprocess.Popen(
+                self._run_command(app_dir, config),
+                cwd=self.cwd,
+                env=self.env,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        self._others.append(process)
+        return process
+
+    def status(self, run_id: int | None = None) -> dict:
+        """Run ``run_id``'s status (default: the newest run's), as ``flwr list --format json`` reports it."""
+        return run_status(self.env, self.cwd, CONNECTION, run_id)
+
     def run(self, app_dir: Path, config: dict[str, Any], timeout: float = 600.0) -> tuple[str, dict, float]:
         """``flwr run app_dir loopback --stream -c <config>``; returns (its output, the run's status, seconds)."""
-        overrides = " ".join(f"{k}={toml_value(v)}" for k, v in config.items())
         started = time.monotonic()
         done = subprocess.run(
-            ["flwr", "run", str(app_dir), CONNECTION, "--stream", "-c", overrides],
+            self._run_command(app_dir, config),
             cwd=self.cwd,
             env=self.env,
             capture_output=True,
@@ -141,4 +245,5 @@ class Loopback:
             timeout=timeout,
         )
         seconds = time.monotonic() - started
-        return done.stdout + done.stderr, run_status(self.env, self.cwd, CONNECTION), seconds
+        output = done.stdout + done.stderr
+        return output, self.status(run_id_of(output)), seconds
