@@ -76,14 +76,13 @@ def reply_with(message: Message, content) -> Message:
 
 
 def comparable_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Rows without what legitimately differs between two runs (timings, process ids, node ids)."""
+    """Rows without what legitimately differs between two runs (timings, process and node ids, where a client
+    ran: host, Ray node, device)."""
     out = []
     for r in rows:
         r = dict(r)
-        r.pop("node", None)
-        r.pop("round_seconds", None)
-        r.pop("aggregate_seconds", None)
-        r.pop("server_seconds", None)
+        for key in ("node", "round_seconds", "aggregate_seconds", "server_seconds", "host", "ray_node", "device"):
+            r.pop(key, None)
         r["client_metrics"] = {
             k: v
             for k, v in r.get("client_metrics", {}).items()
