@@ -19,6 +19,19 @@ still scored as drift. Why: r is built from z-scores, which no client can push b
 penalty of an update 100× too large is bounded while its pull on the peers' prompts grows with its size
 (docs/results/robustness.md measures it). Clipping directions does not change the cosines of step 5.
 
+Trust option (ours, issue 15; off by default: ``trust_rate`` = 0 runs the paper's rule bit for bit). Each client
+also reports how its own last tuned prompt P̃_i(t−1) does on the new batch (``h_own``, and the entropies of the
+batch-mean prediction of the sent and own prompts, ``hm_pre``/``hm_own``: one extra text pass on the client). The
+sent prompt *wins* the round when its score λ_m·H_m − H on the batch is the larger, i.e. when
+(H_own − H_pre) − λ_m·(Hm_own − Hm_pre) > 0 (``trust_marginal`` = λ_m; λ_m = 0 is entropy alone, which an
+overconfident collapse fools: docs/results/personalization.md measures it). Each client carries two trusts in
+[0, 1], for its memory and for its peers, starting at ``trust_init``; a win adds κ·(1 − ρ) and a loss takes κ·ρ
+(κ = ``trust_rate``, ρ = ``trust_memory_target`` / ``trust_peer_target``: the share of rounds the sent prompt must
+win for the trust to hold), ties and missing reports change nothing. Then μ_i ← trust_mem,i·μ_i and
+γ_i ← trust_peer,i·γ_i. A client whose sent prompt always loses reaches trust 0 in ⌈1/(κρ)⌉ rounds and is then sent
+its own upload back: none-fed for it. The trusts are the rule's state (``RoundOutput.state``), checkpointed by the
+strategy; they read no label.
+
 Choices where SPEC leaves room (also in the report to the lead):
 
 - Step 4 applies to replying clients outside U_t too (r = 0, so μ = μ0): their upload equals what they
