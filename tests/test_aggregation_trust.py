@@ -58,7 +58,7 @@ def assert_same_output(a, b) -> None:
 def test_off_it_is_the_papers_rule_bit_for_bit_whatever_it_is_given(seed, init, marginal) -> None:
     rng = np.random.default_rng(seed)
     kw = synthetic_round(rng, 7, 12)
-    off = make_params("fedrapp", {"trust_init": init, "trust_marginal": marginal})  # trust_rate = 0
+    off = make_params("fedrapp", {"trust_memory_init": init, "trust_peer_init": init, "trust_marginal": marginal})
     state = {name: rng.uniform(0, 1, 7) for name in TRUSTS}
     paper = fedrapp_round(**kw)
     ours = fedrapp_round(**kw, params=off, **own_reports(rng, kw), state=state)

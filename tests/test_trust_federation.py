@@ -96,7 +96,8 @@ def test_the_trust_option_runs_in_flowers_simulation_engine(testbed_tiny, tmp_pa
     from flwr.serverapp import Grid, ServerApp
     from flwr.simulation import run_simulation
 
-    config = small_run(testbed_tiny, tmp_path, **{"num-rounds": 3, "trust-init": 0.5}, **TRUST)  # any evidence moves it
+    # a memory trust from 0.5: any evidence moves it
+    config = small_run(testbed_tiny, tmp_path, **{"num-rounds": 3, "trust-memory-init": 0.5}, **TRUST)
     captured = {}
     server = ServerApp()
 

@@ -25,12 +25,12 @@ batch-mean prediction of the sent and own prompts, ``hm_pre``/``hm_own``: one ex
 sent prompt *wins* the round when its score λ_m·H_m − H on the batch is the larger, i.e. when
 (H_own − H_pre) − λ_m·(Hm_own − Hm_pre) > 0 (``trust_marginal`` = λ_m; λ_m = 0 is entropy alone, which an
 overconfident collapse fools: docs/results/personalization.md measures it). Each client carries two trusts in
-[0, 1], for its memory and for its peers, starting at ``trust_init``; a win adds κ·(1 − ρ) and a loss takes κ·ρ
-(κ = ``trust_rate``, ρ = ``trust_memory_target`` / ``trust_peer_target``: the share of rounds the sent prompt must
-win for the trust to hold), ties and missing reports change nothing. Then μ_i ← trust_mem,i·μ_i and
-γ_i ← trust_peer,i·γ_i. A client whose sent prompt always loses reaches trust 0 in ⌈1/(κρ)⌉ rounds and is then sent
-its own upload back: none-fed for it. The trusts are the rule's state (``RoundOutput.state``), checkpointed by the
-strategy; they read no label.
+[0, 1], for its memory and for its peers, starting at ``trust_memory_init`` / ``trust_peer_init``; a win adds
+κ·(1 − ρ) and a loss takes κ·ρ (κ = ``trust_rate``, ρ = ``trust_memory_target`` / ``trust_peer_target``: the
+share of rounds the sent prompt must win for the trust to hold), ties and missing reports change nothing. Then
+μ_i ← trust_mem,i·μ_i and γ_i ← trust_peer,i·γ_i. A client whose sent prompt always loses reaches trust 0 in
+⌈1/(κρ)⌉ rounds and is then sent its own upload back: none-fed for it. The trusts are the rule's state
+(``RoundOutput.state``), checkpointed by the strategy; they read no label.
 
 Choices where SPEC leaves room (also in the report to the lead):
 
@@ -86,7 +86,8 @@ class FedRAPPParams(RuleParams):
         0.0, NON_NEGATIVE, "ours: memories and mixing use Δ_i clipped to this × the median ‖Δ‖ over U_t (0 = off)"
     )
     trust_rate: float = param(0.0, UNIT, "ours: step of the trusts per round of evidence (0 = off: the paper's rule)")
-    trust_init: float = param(1.0, UNIT, "ours: both trusts before any evidence (1 = the paper's μ and γ)")
+    trust_memory_init: float = param(1.0, UNIT, "ours: the memory trust before any evidence (1 = the paper's μ)")
+    trust_peer_init: float = param(1.0, UNIT, "ours: the peer trust before any evidence (1 = the paper's γ)")
     trust_memory_target: float = param(0.3, UNIT, "ours: share of rounds the sent prompt must win to keep the memory")
     trust_peer_target: float = param(0.3, UNIT, "ours: share of rounds the sent prompt must win to keep the peers")
     trust_marginal: float = param(
@@ -251,11 +252,12 @@ def updated_trust(
 
 
 def previous_trusts(state: Mapping[str, ArrayLike] | None, n: int, p: FedRAPPParams) -> dict[str, NDArray[np.float64]]:
-    """The trusts a rule's state carries, [N] each (every client at ``trust_init`` when there are none yet)."""
+    """The trusts a rule's state carries, [N] each (every client at its initial trust when there are none yet)."""
     out = {}
+    initial = {"trust-memory": p.trust_memory_init, "trust-peers": p.trust_peer_init}
     for name in TRUSTS:
         if state is None or name not in state:
-            out[name] = np.full(n, p.trust_init)
+            out[name] = np.full(n, initial[name])
             continue
         trust = np.asarray(state[name], dtype=np.float64)
         if trust.shape != (n,) or not np.all((trust >= 0) & (trust <= 1)):
