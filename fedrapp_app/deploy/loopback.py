@@ -66,6 +66,18 @@ def descendants(root: int) -> list[int]:
     return found
 
 
+def group_members(pgid: int) -> list[int]:
+    """The live (not zombie) processes of process group ``pgid``, read from /proc."""
+    members = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            with contextlib.suppress(OSError, IndexError, ValueError):
+                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+                if int(fields[2]) == pgid and fields[0] != "Z":
+                    members.append(int(entry.name))
+    return members
+
+
 class Loopback:
     """Start with ``with Loopback(folder, nodes, executor) as fed: fed.run(app_dir, config)``."""
 
@@ -169,8 +181,10 @@ class Loopback:
             self._signal_group(f"executor{client}", sig)
 
     def _signal_group(self, name: str, sig: int, timeout: float = 30.0) -> None:
+        """Signal part ``name``'s process group and wait until every process of it has exited (a SuperLink's
+        ServerApp can outlive the SuperLink by seconds); after ``timeout``, SIGKILL what is left."""
         process = self.processes[name]
-        if process.poll() is not None:
+        if process.poll() is not None and not group_members(process.pid):
             return
         below = descendants(process.pid)
         with contextlib.suppress(ProcessLookupError):
@@ -179,10 +193,13 @@ class Loopback:
             for pid in below:
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, sig)
-        try:
-            process.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            stop_process_group(process)
+        deadline = time.monotonic() + timeout
+        while (process.poll() is None or group_members(process.pid)) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        if process.poll() is None or group_members(process.pid):
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
 
     def node_ids(self, client: int) -> list[int]:
         """The node ids SuperNode ``client`` was given so far (one per start), read from its log."""
