@@ -1,6 +1,6 @@
 """Chaos on loopback: kill, stop and restart SuperNodes and the SuperLink in the middle of a FedRAPP run.
 
-    python benchmarks/chaos.py --scenario all --json chaos.json          # every scenario, ~10 min
+    python benchmarks/chaos.py --scenario all --json chaos.json          # every scenario, ~9 min
     python benchmarks/chaos.py --scenario kill-fast --round-timeout 20    # one scenario, the stall bounded
     python benchmarks/chaos.py --scenario kill-fast --strategy none-fed   # per-position identity
 
@@ -30,8 +30,9 @@ every stream position of every client was scored exactly once, and how identical
 before the cut round), ``per position`` (scored rows keyed by client and stream position, round numbers
 aside). What identical can mean per scenario is in docs/results/chaos.md.
 
-Every process is stopped by process group (and launch mark) when a scenario ends. Set FLWR_HOME etc. are
-set inside the scenario's folder.
+Every process is stopped by process group (and launch mark) when a scenario ends. ``FLWR_HOME``,
+``RAY_TMPDIR`` and ``UV_CACHE_DIR`` default to folders inside the work folder (``--folder``, else a new
+temporary one).
 """
 
 from __future__ import annotations
@@ -77,7 +78,7 @@ EXPECTED = {
     "sigterm": "prefix; per position for none-fed (the victim misses rounds: FedRAPP's peers change)",
     "superlink": "identical (the cut round is re-run entirely from the checkpoint and the snapshots)",
     "superlink-term": "identical (the cut round is re-run entirely from the checkpoint and the snapshots)",
-    "restart-all": "prefix; identical after it when all come back in the same round (everybody misses it)",
+    "restart-all": "prefix; per position when every client missed the same round (the rule skipped it)",
 }
 
 
