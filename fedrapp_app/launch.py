@@ -465,8 +465,10 @@ def launch(args: argparse.Namespace, app_dir: Path, values: dict, config: RunCon
         message = _interrupted_message(args, run_dir)
         from fedrapp_app.server import mark_interrupted
 
-        with contextlib.suppress(Exception):  # the folder says so too; the run itself is safe either way
+        try:  # the folder says so too; the run's checkpoint is safe either way
             mark_interrupted(run_dir, f"stopped by {why}; {message.split(': ', 1)[-1]}")
+        except Exception as err:  # noqa: BLE001 - the resume command below matters more than this note
+            print(f"fedrapp-sim: could not note the stop in {run_dir / 'summary.json'}: {err}", file=sys.stderr)
         print(f"fedrapp-sim: {message}", file=sys.stderr)
         return 130
     except (RuntimeError, subprocess.SubprocessError, OSError) as err:

@@ -65,20 +65,27 @@ def check_free(run_dir: Path) -> None:
 
 
 @contextlib.contextmanager
-def run_lock(run_dir: Path) -> Iterator[None]:
-    """Hold ``run_dir``'s lock for the ``with`` block (creating the folder); ``RunFolderBusy`` if it is held."""
+def run_lock(run_dir: Path, wait: float = 0.0) -> Iterator[None]:
+    """Hold ``run_dir``'s lock for the ``with`` block (creating the folder); ``RunFolderBusy`` if it is held
+    (still held after ``wait`` seconds: a holder that is being stopped may need a moment to exit)."""
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     with open(run_dir / LOCK_FILE, "a+") as f:
-        try:
-            fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            f.seek(0)
+        deadline = time.monotonic() + wait
+        while True:
             try:
-                found = json.loads(f.read() or "{}")
-            except json.JSONDecodeError:
-                found = {}
-            raise RunFolderBusy(_describe(run_dir, found)) from None
+                fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() < deadline:
+                    time.sleep(0.2)
+                    continue
+                f.seek(0)
+                try:
+                    found = json.loads(f.read() or "{}")
+                except json.JSONDecodeError:
+                    found = {}
+                raise RunFolderBusy(_describe(run_dir, found)) from None
         me = {"pid": os.getpid(), "host": socket.gethostname(), "started": time.time()}
         if os.environ.get(LAUNCHER_PID_ENV):
             me["launcher_pid"] = int(os.environ[LAUNCHER_PID_ENV])

@@ -129,12 +129,13 @@ def finished_already(run_dir: Path, config: RunConfig) -> dict[str, Any] | None:
     return None
 
 
-def mark_interrupted(run_dir: Path, why: str) -> None:
+def mark_interrupted(run_dir: Path, why: str, wait: float = 30.0) -> None:
     """Say in ``summary.json`` that the run in ``run_dir`` was stopped, once its processes are gone (the lock is
-    free): the rows and totals up to its last checkpoint, ``status: interrupted`` and ``why``."""
+    free, waiting up to ``wait`` seconds for it): the rows and totals up to its last checkpoint,
+    ``status: interrupted`` and ``why``."""
     if not (run_dir / SERVER_FILE).is_file():
         return
-    with run_lock(run_dir):
+    with run_lock(run_dir, wait=wait):
         checkpoint = ServerCheckpoint.load(run_dir)
         recorder = RunRecorder(run_dir, checkpoint.config, resume_after=checkpoint.round)
         recorder.fail("interrupted", why, {"stopped": "interrupted"})

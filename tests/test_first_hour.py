@@ -3,12 +3,14 @@ SuperNode, one writer per run folder, runs that say when they are incomplete, an
 
 from __future__ import annotations
 
+import contextlib
 import json
 import multiprocessing
 import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -208,6 +210,24 @@ def test_a_live_writer_holds_the_run_folder_and_a_dead_one_does_not(tmp_path):
     check_free(tmp_path / "run")  # the kernel dropped the dead holder's lock
     with run_lock(tmp_path / "run"):
         pass
+
+
+def test_a_waiting_lock_gets_the_folder_once_a_stopping_holder_exits(tmp_path):
+    ready = multiprocessing.Event()
+    holder = multiprocessing.Process(target=_hold_lock, args=(str(tmp_path / "run"), ready))
+    holder.start()
+    try:
+        assert ready.wait(30)
+        with pytest.raises(RunFolderBusy, match=f"PID {holder.pid}"), run_lock(tmp_path / "run", wait=0.5):
+            pass
+        threading.Timer(1.0, os.kill, (holder.pid, signal.SIGKILL)).start()  # a holder that takes a moment to die
+        started = time.monotonic()
+        with run_lock(tmp_path / "run", wait=30):
+            assert time.monotonic() - started >= 0.9  # it waited for the holder, then got the folder
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(holder.pid, signal.SIGKILL)
+        holder.join()
 
 
 def test_a_second_run_on_a_live_run_folder_is_refused_and_writes_nothing(testbed_tiny, tmp_path):

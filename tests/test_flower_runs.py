@@ -195,7 +195,8 @@ def test_sigint_stops_every_process_of_the_run_and_the_resume_matches_an_uninter
     finally:
         if cut.poll() is None:
             os.killpg(cut.pid, signal.SIGKILL)
-    assert cut.returncode == 130
+    assert cut.returncode == 130, stderr[-3000:]
+    assert (tmp_path / "out" / "cut" / "summary.json").is_file(), stderr[-3000:]
     interrupted = json.loads((tmp_path / "out" / "cut" / "summary.json").read_text())
     assert interrupted["status"] == "interrupted" and interrupted["complete"] is False
 
