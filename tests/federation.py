@@ -65,6 +65,46 @@ def run_federation(config: dict[str, Any], app=client_app, grid_cls=SpyGrid, num
     return summary, grid, states
 
 
+def run_in_flower_simulation(config: dict[str, Any], num_supernodes: int = 3) -> dict[str, Any]:
+    """Run ``config`` through Flower's simulation engine (Ray, ``run_simulation``): the real ServerApp body and
+    ClientApp handlers on ``num_supernodes`` simulated nodes, one CPU each. Returns the run's summary."""
+    from flwr.app import Context
+    from flwr.clientapp import ClientApp
+    from flwr.serverapp import Grid, ServerApp
+    from flwr.simulation import run_simulation
+
+    captured: dict[str, Any] = {}
+    server = ServerApp()
+
+    @server.main()
+    def main(grid: Grid, context: Context) -> None:  # run_simulation leaves context.run_config empty
+        captured["summary"] = run_server(grid, config)
+
+    client = ClientApp()
+
+    def with_config(context: Context) -> Context:  # same node and state; the run config run_simulation lacks
+        return Context(context.run_id, context.node_id, context.node_config, context.state, dict(config))
+
+    @client.query()
+    def query(msg, context):
+        return client_app(msg, with_config(context))
+
+    @client.train()
+    def train(msg, context):
+        return client_app(msg, with_config(context))
+
+    run_simulation(
+        server_app=server,
+        client_app=client,
+        num_supernodes=num_supernodes,
+        backend_config={
+            "client_resources": {"num_cpus": 1, "num_gpus": 0.0},
+            "init_args": {"num_cpus": 2, "include_dashboard": False},
+        },
+    )
+    return captured["summary"]
+
+
 def read_rows(run_dir: str | Path) -> list[dict[str, Any]]:
     """The rows of a run's rounds.jsonl."""
     return [json.loads(line) for line in (Path(run_dir) / "rounds.jsonl").read_text().splitlines()]

@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 from flwr.common.constant import ErrorCode
 
-from fedrapp_app.deploy.loopback import Loopback
+from fedrapp_app.deploy.loopback import Loopback, descendants
 from fedrapp_app.testbed import world
 from fedrapp_app.testbed.tiny import make_tiny_clip
 
@@ -198,24 +198,6 @@ def test_failures_cost_one_message_and_runs_never_share_a_worker(tmp_path):
         fourth = probe_rows(fed, app, tmp_path / "run4.json", rounds=1)
         assert [fourth[(1, c)]["calls"] for c in (0, 1)] == [1, 1]
     assert fed.stop() == []
-
-
-def descendants(root: int) -> list[int]:
-    """The processes below ``root`` (not itself), from /proc."""
-    parents = {}
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                parents[int(entry.name)] = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
-            except OSError:
-                continue
-    found, todo = [], [root]
-    while todo:
-        current = todo.pop()
-        children = [pid for pid, parent in parents.items() if parent == current]
-        found += children
-        todo += children
-    return found
 
 
 def alive(pid: int) -> bool:

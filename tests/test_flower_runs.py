@@ -19,11 +19,7 @@ import uuid
 from pathlib import Path
 
 import pytest
-from flwr.app import Context
-from flwr.clientapp import ClientApp
-from flwr.serverapp import Grid, ServerApp
 
-from fedrapp_app.client import app as real_client_app
 from fedrapp_app.launch import (
     contained_env,
     free_port,
@@ -34,11 +30,10 @@ from fedrapp_app.launch import (
     write_connection,
 )
 from fedrapp_app.processes import LAUNCH_ID_ENV, marked_pids, stop_marked
-from fedrapp_app.server import run_server
 from fedrapp_app.testbed import world
 from fedrapp_app.testbed.tiny import make_tiny_clip
 
-from federation import comparable_rows, read_rows, small_run
+from federation import comparable_rows, read_rows, run_in_flower_simulation, small_run
 
 ROOT = Path(__file__).resolve().parent.parent
 pytestmark = pytest.mark.slow
@@ -55,39 +50,8 @@ def _as_overrides(config: dict) -> str:
 
 def test_run_simulation_through_ray(testbed_tiny, tmp_path):
     """Flower's simulation engine (Ray) runs the ServerApp body and the ClientApp for 3 nodes, 2 rounds."""
-    from flwr.simulation import run_simulation
-
     config = small_run(testbed_tiny, tmp_path, **{"num-rounds": 2})
-    captured = {}
-    server = ServerApp()
-
-    @server.main()
-    def main(grid: Grid, context: Context) -> None:  # run_simulation leaves context.run_config empty
-        captured["summary"] = run_server(grid, config)
-
-    client = ClientApp()
-
-    def with_config(context: Context) -> Context:  # same node and state; the run config run_simulation lacks
-        return Context(context.run_id, context.node_id, context.node_config, context.state, dict(config))
-
-    @client.query()
-    def query(msg, context):
-        return real_client_app(msg, with_config(context))
-
-    @client.train()
-    def train(msg, context):
-        return real_client_app(msg, with_config(context))
-
-    run_simulation(
-        server_app=server,
-        client_app=client,
-        num_supernodes=3,
-        backend_config={
-            "client_resources": {"num_cpus": 1, "num_gpus": 0.0},
-            "init_args": {"num_cpus": 2, "include_dashboard": False},
-        },
-    )
-    summary = captured["summary"]
+    summary = run_in_flower_simulation(config, num_supernodes=3)
     assert summary["rounds"] == 2 and summary["samples"] == 2 * 3 * 16
     rows = read_rows(summary["run_dir"])
     assert len(rows) == 6 and all(r["status"] == "ok" for r in rows)

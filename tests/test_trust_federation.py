@@ -13,7 +13,7 @@ from fedrapp_app.server import run_server
 from fedrapp_app.testbed import world
 from fedrapp_app.testbed.tiny import make_tiny_clip
 
-from federation import SpyGrid, comparable_rows, read_rows, run_federation, small_run
+from federation import SpyGrid, comparable_rows, read_rows, run_federation, run_in_flower_simulation, small_run
 
 #: The trust option with a step large enough to move the trusts within the test's few rounds.
 TRUST = {"trust-rate": 0.5, "trust-memory-target": 0.5, "trust-peer-target": 0.2}
@@ -91,43 +91,9 @@ def test_labels_never_reach_a_trust(testbed_tiny, tmp_path, monkeypatch):
 @pytest.mark.slow
 def test_the_trust_option_runs_in_flowers_simulation_engine(testbed_tiny, tmp_path):
     """Through Flower's Ray simulation engine: 3 SuperNodes, 3 rounds, the trusts move and reach the rows."""
-    from flwr.app import Context
-    from flwr.clientapp import ClientApp
-    from flwr.serverapp import Grid, ServerApp
-    from flwr.simulation import run_simulation
-
     # a memory trust from 0.5: any evidence moves it
     config = small_run(testbed_tiny, tmp_path, **{"num-rounds": 3, "trust-memory-init": 0.5}, **TRUST)
-    captured = {}
-    server = ServerApp()
-
-    @server.main()
-    def main(grid: Grid, context: Context) -> None:  # run_simulation leaves context.run_config empty
-        captured["summary"] = run_server(grid, config)
-
-    client = ClientApp()
-
-    def with_config(context: Context) -> Context:
-        return Context(context.run_id, context.node_id, context.node_config, context.state, dict(config))
-
-    @client.query()
-    def query(msg, context):
-        return client_app(msg, with_config(context))
-
-    @client.train()
-    def train(msg, context):
-        return client_app(msg, with_config(context))
-
-    run_simulation(
-        server_app=server,
-        client_app=client,
-        num_supernodes=3,
-        backend_config={
-            "client_resources": {"num_cpus": 1, "num_gpus": 0.0},
-            "init_args": {"num_cpus": 2, "include_dashboard": False},
-        },
-    )
-    rows = read_rows(captured["summary"]["run_dir"])
+    rows = read_rows(run_in_flower_simulation(config, num_supernodes=3)["run_dir"])
     assert len(rows) == 9 and all(r["status"] == "ok" for r in rows)
     assert all("h_own" in r and "trust_memory" in r for r in rows if r["round"] > 1)
     assert all(r["trust_memory"] == 0.5 for r in rows if r["round"] == 1)
