@@ -8,7 +8,15 @@ from PIL import Image
 
 from fedrapp_app.bench import write_rows
 from fedrapp_app.bench.stats import settings_of
-from fedrapp_app.bench.trust import candidate, centred, goal_markdown, honesty, main, own_prompt_pairs
+from fedrapp_app.bench.trust import (
+    candidate,
+    centred,
+    goal_check_markdown,
+    goal_markdown,
+    honesty,
+    main,
+    own_prompt_pairs,
+)
 
 
 def own_block(domain: str, e: list[float], dm: list[float], dacc: list[float], trust: bool = False) -> dict:
@@ -33,14 +41,14 @@ def own_block(domain: str, e: list[float], dm: list[float], dacc: list[float], t
     return block
 
 
-def row(rule: str, strategy: str, seed: int, accuracy: float, clients: dict) -> dict:
+def row(rule: str, strategy: str, seed: int, accuracy: float, clients: dict, grid: str = "g", **config) -> dict:
     labels = {"setting": "S1", "method": "im", "rule": rule, "seed": str(seed)}
     return {
         "key": f"{rule}-{seed}",
         "id": f"{rule}-{seed}",
-        "config": {"strategy": strategy, "local-method": "im", "seed": seed},
+        "config": {"strategy": strategy, "local-method": "im", "seed": seed, **config},
         "grids": {
-            "g": {
+            grid: {
                 "index": 0,
                 "labels": labels,
                 "order": [0, 0, 0, seed],
@@ -90,6 +98,25 @@ def test_goal_table_pairs_every_rule_with_none_fed_and_fedavg_on_the_same_seeds(
     assert "| S1 | im | 50.50 ± 0.71 | 48.50 ± 0.71 | 52.50 ± 0.71 |" in text
     assert "| S1 | im | -2.00 ± 0.00 | +2.00 ± 0.00 |" in text  # vs none-fed: fedavg, trust
     assert "| S1 | im | +2.00 ± 0.00 | +4.00 ± 0.00 |" in text  # vs fedavg: none-fed, trust
+
+
+def test_goal_check_pools_the_grids_and_judges_each_option_row():
+    def cells(rule, strategy, acc, grid, **config):
+        return [row(rule, strategy, seed, acc + seed / 100, {}, grid, **config) for seed in (0, 1)]
+
+    rows = cells("none-fed", "none-fed", 0.50, "goal") + cells("fedavg", "fedavg", 0.49, "goal")
+    rows += cells("fedrapp", "fedrapp", 0.52, "goal")  # the best FedRAPP gain: +2 points
+    rows += cells("trust a", "fedrapp", 0.516, "option", **{"trust-rate": 1.0})  # keeps 80% of it
+    rows += cells("trust b", "fedrapp", 0.515, "option", **{"trust-rate": 1.0})  # keeps 75%: fails
+    text = goal_check_markdown(settings_of(rows))
+    assert "| S1 | im | trust a | +1.60 ± 0.00 | +2.60 ± 0.00 | +2.00 | 80% | yes |" in text
+    assert "| S1 | im | trust b | +1.50 ± 0.00 | +2.50 ± 0.00 | +2.00 | 75% | **no** |" in text
+    assert "| fedrapp |" not in text  # only the option's rows are judged
+    losing = rows[:4] + cells("trust c", "fedrapp", 0.4975, "option", **{"trust-rate": 1.0})  # 0.25 below none-fed
+    assert "| S1 | im | trust c | -0.25 ± 0.00 | +0.75 ± 0.00 | – | – | **no** |" in goal_check_markdown(
+        settings_of(losing)
+    )
+    assert goal_check_markdown(settings_of(rows[:6])) == ""  # no option ran
 
 
 def test_the_report_writes_its_tables_and_figures(tmp_path):

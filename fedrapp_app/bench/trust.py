@@ -14,6 +14,8 @@ Reads only ``<bench-dir>/cells.jsonl`` and writes ``trust.md`` (and ``signal-<gr
   tracked the round would not count), and how often its sign is Δacc's (over pairs where both are non-zero).
 * **Goal table** of a grid compared on [method, rule] with a context axis (the setting): per (setting, method),
   every rule's online accuracy (mean ± std over seeds) and the paired gaps to none-fed and FedAvg.
+* **Goal check**, every grid together: per (setting, method), each trust-option rule against the issue's goal
+  (``goal_check_markdown``).
 
 Labels enter only the scoring (Δacc, accuracies), never a signal.
 """
@@ -202,6 +204,61 @@ def goal_markdown(settings: Sequence[Setting], rules: Sequence[str] | None = Non
     return out.getvalue()
 
 
+#: The FedRAPP rows whose gain the option must keep (issue 15): the paper's rule with the code defaults and the
+#: setting the earlier validation chose (docs/results/personalization.md).
+GAIN_RULES = ("fedrapp", "fedrapp (mu0=0, gamma0=0.6)")
+#: The goal's thresholds: at most 0.2 points below none-fed; at least 80% of the best FedRAPP gain where there is one.
+NONE_FED_MARGIN, KEPT_GAIN = 0.002, 0.8
+
+
+def is_trust(setting: Setting) -> bool:
+    """Whether the setting ran FedRAPP's trust option (``trust-rate`` > 0)."""
+    return float(setting.rows[0]["config"].get("trust-rate", 0.0)) > 0
+
+
+def goal_check_markdown(settings: Sequence[Setting], gain_rules: Sequence[str] = GAIN_RULES) -> str:
+    """The issue's goal, per (setting, method) and trust-option rule, pooling every grid of a [method, rule] bench:
+    the paired gap to none-fed (goal: ≥ −0.2 points), to FedAvg (goal: not below by more than noise, i.e. mean +
+    std ≥ 0) and, where a ``gain_rules`` row gains over none-fed, the share of the best such gain the option keeps
+    (goal: ≥ 80%). Empty when no setting ran the option."""
+    table: dict[tuple[str, str], dict[str, Setting]] = {}
+    for s in settings:
+        if len(s.compare) == 2 and s.compare[1] in s.labels:
+            table.setdefault((s.context_name, s.labels[s.compare[0]]), {})[s.labels[s.compare[1]]] = s
+    lines = []
+    for (context, method), block in table.items():
+        none_fed = next((s for s in block.values() if s.strategy == "none-fed"), None)
+        fedavg = next((s for s in block.values() if s.strategy == "fedavg"), None)
+        if none_fed is None:
+            continue
+        gains = [paired_gap(block[r], none_fed) for r in gain_rules if r in block]
+        best = max((g.mean for g in gains if g.n), default=float("nan"))
+        for label, option in block.items():
+            if not is_trust(option):
+                continue
+            vs_none = paired_gap(option, none_fed)
+            vs_avg = paired_gap(option, fedavg) if fedavg is not None else None
+            kept = vs_none.mean / best if best > 0 else float("nan")
+            checks = [vs_none.mean >= -NONE_FED_MARGIN]
+            if vs_avg is not None and vs_avg.n:
+                checks.append(vs_avg.mean + (vs_avg.std if vs_avg.n > 1 else 0.0) >= 0)
+            if best > 0:
+                checks.append(kept >= KEPT_GAIN)
+            lines.append(
+                f"| {context} | {method} | {label} | {vs_none.format(signed=True)} | "
+                f"{vs_avg.format(signed=True) if vs_avg is not None else '–'} | "
+                f"{f'{100 * best:+.2f}' if best == best else '–'} | {f'{100 * kept:.0f}%' if kept == kept else '–'} | "
+                f"{'yes' if all(checks) else '**no**'} |"
+            )
+    if not lines:
+        return ""
+    head = (
+        "| setting | method | option | Δ vs none-fed | Δ vs fedavg | best FedRAPP gain | kept | goal met |\n"
+        "|---|---|---|---|---|---|---|---|\n"
+    )
+    return head + "\n".join(lines) + "\n"
+
+
 def _is(table: Mapping[tuple[str, str], Mapping[str, Setting]], label: str, strategy: str) -> bool:
     """Whether rule label ``label`` runs ``strategy`` (checked on any method that has it)."""
     return any(label in block and block[label].strategy == strategy for block in table.values())
@@ -319,6 +376,13 @@ def write_trust(bench_dir: str | Path, out_dir: str | Path | None = None) -> Pat
         traces = trust_figure(members, f"{grid}: trusts per client and round (all seeds)", out / f"trust-{grid}.png")
         if traces is not None:
             text.write(f"![trusts {grid}]({traces.name})\n\n")
+    check = goal_check_markdown(settings)
+    if check:
+        text.write(
+            "## The goal, every grid together\n\nPer (setting, method) and trust-option rule, paired over seeds "
+            "(points): at most 0.2 below none-fed, not below FedAvg by more than noise (mean + std ≥ 0), and at least "
+            f"80% of the best gain of {', '.join(GAIN_RULES)} over none-fed where there is one.\n\n" + check + "\n"
+        )
     path = out / "trust.md"
     write_text_atomic(path, text.getvalue())
     return path
