@@ -111,7 +111,8 @@ def test_goal_check_pools_the_grids_and_judges_each_option_row():
     text = goal_check_markdown(settings_of(rows))
     assert "| S1 | im | trust a | +1.60 ± 0.00 | +2.60 ± 0.00 | +2.00 | 80% | yes |" in text
     assert "| S1 | im | trust b | +1.50 ± 0.00 | +2.50 ± 0.00 | +2.00 | 75% | **no** |" in text
-    assert "| fedrapp |" not in text  # only the option's rows are judged
+    assert "| S1 | im | fedrapp | +2.00 ± 0.00 | +3.00 ± 0.00 | +2.00 | 100% | yes |" in text  # the paper's, beside
+    assert "| fedavg |" not in text  # only the option's rows and the paper's rule are judged
     losing = rows[:4] + cells("trust c", "fedrapp", 0.4975, "option", **{"trust-rate": 1.0})  # 0.25 below none-fed
     assert "| S1 | im | trust c | -0.25 ± 0.00 | +0.75 ± 0.00 | – | – | **no** |" in goal_check_markdown(
         settings_of(losing)
