@@ -373,9 +373,18 @@ def test_the_heartbeat_interrupts_the_task_only_while_armed_when_the_supernode_d
             raise _http_error(401)
 
     heartbeat = TaskHeartbeat(Refusing())  # type: ignore[arg-type]
-    with pytest.raises(KeyboardInterrupt):
-        threading.Thread(target=heartbeat._beat).start()
-        time.sleep(5)
+    beat = threading.Thread(target=heartbeat._beat)
+    interrupted = False
+    try:
+        beat.start()
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:  # the interrupt lands between two steps of this loop (one long
+            time.sleep(0.01)  # sleep is not woken by it)
+    except KeyboardInterrupt:
+        interrupted = True
+    beat.join()
+    handler = signal.getsignal(signal.SIGINT)
+    assert interrupted, f"no interrupt within 30 s (lost: {heartbeat.lost}, SIGINT handler: {handler!r})"
     assert heartbeat.lost
     disarmed = TaskHeartbeat(Refusing())  # type: ignore[arg-type]
     disarmed.stop()
