@@ -366,7 +366,7 @@ def test_a_refused_task_token_fails_the_call_instead_of_interrupting_the_process
 def test_the_heartbeat_interrupts_the_task_only_while_armed_when_the_supernode_drops_it():
     import threading
 
-    from fedrapp_app.deploy.runtime import TaskHeartbeat
+    from fedrapp_app.deploy.runtime import TaskHeartbeat, take_sigint
 
     class Refusing:
         def SendTaskHeartbeat(self, _request):  # noqa: N802 - Flower's method name
@@ -375,6 +375,8 @@ def test_the_heartbeat_interrupts_the_task_only_while_armed_when_the_supernode_d
     heartbeat = TaskHeartbeat(Refusing())  # type: ignore[arg-type]
     beat = threading.Thread(target=heartbeat._beat)
     interrupted = False
+    previous = signal.getsignal(signal.SIGINT)
+    take_sigint()  # as a worker does: pytest may have been started with SIGINT ignored (a background job)
     try:
         beat.start()
         deadline = time.monotonic() + 30
@@ -382,13 +384,38 @@ def test_the_heartbeat_interrupts_the_task_only_while_armed_when_the_supernode_d
             time.sleep(0.01)  # sleep is not woken by it)
     except KeyboardInterrupt:
         interrupted = True
+    finally:
+        signal.signal(signal.SIGINT, previous)
     beat.join()
-    handler = signal.getsignal(signal.SIGINT)
-    assert interrupted, f"no interrupt within 30 s (lost: {heartbeat.lost}, SIGINT handler: {handler!r})"
+    assert interrupted, f"no interrupt within 30 s (lost: {heartbeat.lost})"
     assert heartbeat.lost
     disarmed = TaskHeartbeat(Refusing())  # type: ignore[arg-type]
     disarmed.stop()
     assert disarmed._beat() and not disarmed.lost
+
+
+def test_a_process_started_with_sigint_ignored_takes_it_back():
+    """``fedrapp-superexec ... &`` in a script starts it with SIGINT ignored; the executor and its workers rely on
+    SIGINT (a lost task's heartbeat, the parent monitor), so they take it back."""
+    code = (
+        "import os, signal, time\n"
+        "from fedrapp_app.deploy.runtime import take_sigint\n"
+        "print(signal.getsignal(signal.SIGINT) is signal.SIG_IGN, flush=True)\n"
+        "take_sigint()\n"
+        "try:\n"
+        "    os.kill(os.getpid(), signal.SIGINT)\n"
+        "    time.sleep(30)\n"
+        "except KeyboardInterrupt:\n"
+        "    print('interrupted')\n"
+    )
+
+    def ignore_sigint() -> None:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, preexec_fn=ignore_sigint
+    )
+    assert done.stdout.split() == ["True", "interrupted"], done.stderr[-2000:]
 
 
 def test_a_worker_that_died_idle_is_replaced_when_its_run_sends_the_next_task(pool):

@@ -133,7 +133,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{PROG}: {err}", file=sys.stderr)
         return 2
     from fedrapp_app.deploy.executor import serve
+    from fedrapp_app.deploy.runtime import take_sigint
 
+    take_sigint()  # Flower's parent monitor stops us with SIGINT, even when we were started with it ignored
     signal.signal(signal.SIGTERM, _exit_on_sigterm)
     with contextlib.suppress(KeyboardInterrupt):  # Ctrl-C, or the parent process ended
         serve(options)

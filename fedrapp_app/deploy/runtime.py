@@ -7,6 +7,7 @@ warm worker speaks to the SuperNode exactly as Flower's per-task process does.
 from __future__ import annotations
 
 import _thread
+import signal
 import threading
 
 import httpx
@@ -61,6 +62,17 @@ def task_client(spec: TaskSpec, max_time: float | None = None) -> tuple[RuntimeH
         retry_invoker=retry_invoker,
     )
     return client, retry_invoker
+
+
+def take_sigint() -> None:
+    """Make SIGINT raise ``KeyboardInterrupt`` in this process again.
+
+    The executor and its workers rely on it: a lost task's heartbeat interrupts the ClientApp, and Flower's parent
+    monitor sends SIGINT when the parent dies. A process started with SIGINT ignored (``fedrapp-superexec ... &``
+    from a script, ``nohup``: a background job of a non-interactive shell ignores SIGINT, and so do the processes it
+    starts) would otherwise ignore both: an orphaned executor, a ClientApp that runs on for a task that is gone.
+    """
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 class TaskHeartbeat:

@@ -49,7 +49,7 @@ from flwr.supercore.task_identity import TaskIdentity
 from flwr.supernode.runtime.run_clientapp import push_message, push_task_output
 
 from fedrapp_app.deploy.protocol import Activated, Done, Pulled, Ready, TaskSpec
-from fedrapp_app.deploy.runtime import TaskHeartbeat, task_client
+from fedrapp_app.deploy.runtime import TaskHeartbeat, take_sigint, task_client
 
 Send = Callable[[object], None]
 #: Waits (s) between pulls of a message object that is not there yet: from 0.05 s, doubling up to 0.25 s.
@@ -226,6 +226,7 @@ def serve_task(spec: TaskSpec, loader: AppLoader, send: Send) -> Done:
 
 def worker_main(conn: Connection, executor_pid: int, preloaded: tuple[str, ...]) -> None:
     """The worker process: serve the tasks the executor sends until it sends ``None`` or goes away."""
+    take_sigint()  # the heartbeat and the parent monitor below interrupt through SIGINT
     start_parent_process_monitor(executor_pid)  # SIGINT here when the executor dies (we are the forkserver's child)
     loader = AppLoader(preloaded)
     conn.send(Ready(os.getpid()))
