@@ -12,6 +12,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -194,40 +195,40 @@ def _hold_lock(run_dir: str, ready) -> None:
         time.sleep(600)
 
 
-def test_a_live_writer_holds_the_run_folder_and_a_dead_one_does_not(tmp_path):
+@pytest.fixture
+def holder(tmp_path) -> Iterator[multiprocessing.Process]:
+    """Another process that holds ``tmp_path / "run"``'s lock (killed at the end if the test has not)."""
     ready = multiprocessing.Event()
-    holder = multiprocessing.Process(target=_hold_lock, args=(str(tmp_path / "run"), ready))
-    holder.start()
+    process = multiprocessing.Process(target=_hold_lock, args=(str(tmp_path / "run"), ready))
+    process.start()
     try:
         assert ready.wait(30)
-        with pytest.raises(RunFolderBusy, match=f"PID {holder.pid}"):
-            check_free(tmp_path / "run")
-        with pytest.raises(RunFolderBusy, match="one writer"), run_lock(tmp_path / "run"):
-            pass
+        yield process
     finally:
-        os.kill(holder.pid, signal.SIGKILL)
-        holder.join()
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(process.pid, signal.SIGKILL)
+        process.join()
+
+
+def test_a_live_writer_holds_the_run_folder_and_a_dead_one_does_not(holder, tmp_path):
+    with pytest.raises(RunFolderBusy, match=f"PID {holder.pid}"):
+        check_free(tmp_path / "run")
+    with pytest.raises(RunFolderBusy, match="one writer"), run_lock(tmp_path / "run"):
+        pass
+    os.kill(holder.pid, signal.SIGKILL)
+    holder.join()
     check_free(tmp_path / "run")  # the kernel dropped the dead holder's lock
     with run_lock(tmp_path / "run"):
         pass
 
 
-def test_a_waiting_lock_gets_the_folder_once_a_stopping_holder_exits(tmp_path):
-    ready = multiprocessing.Event()
-    holder = multiprocessing.Process(target=_hold_lock, args=(str(tmp_path / "run"), ready))
-    holder.start()
-    try:
-        assert ready.wait(30)
-        with pytest.raises(RunFolderBusy, match=f"PID {holder.pid}"), run_lock(tmp_path / "run", wait=0.5):
-            pass
-        threading.Timer(1.0, os.kill, (holder.pid, signal.SIGKILL)).start()  # a holder that takes a moment to die
-        started = time.monotonic()
-        with run_lock(tmp_path / "run", wait=30):
-            assert time.monotonic() - started >= 0.9  # it waited for the holder, then got the folder
-    finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(holder.pid, signal.SIGKILL)
-        holder.join()
+def test_a_waiting_lock_gets_the_folder_once_a_stopping_holder_exits(holder, tmp_path):
+    with pytest.raises(RunFolderBusy, match=f"PID {holder.pid}"), run_lock(tmp_path / "run", wait=0.5):
+        pass
+    threading.Timer(1.0, os.kill, (holder.pid, signal.SIGKILL)).start()  # a holder that takes a moment to die
+    started = time.monotonic()
+    with run_lock(tmp_path / "run", wait=30):
+        assert time.monotonic() - started >= 0.9  # it waited for the holder, then got the folder
 
 
 def test_a_second_run_on_a_live_run_folder_is_refused_and_writes_nothing(testbed_tiny, tmp_path):
