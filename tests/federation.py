@@ -105,6 +105,21 @@ def run_in_flower_simulation(config: dict[str, Any], num_supernodes: int = 3) ->
     return captured["summary"]
 
 
+def permute_labels(monkeypatch, num_classes: int, seed: int) -> None:
+    """From now on every client stream yields its batches with the labels permuted (images, order, positions
+    unchanged): whatever reads a label then differs, whatever does not stays bit for bit the same."""
+    from fedrapp_app.data import ClientStream
+
+    permutation = np.random.default_rng(seed).permutation(num_classes)
+    original = ClientStream.batch
+
+    def permuted(self, position):
+        batch = original(self, position)
+        return type(batch)(batch.images, permutation[batch.labels], batch.indices, batch.position)
+
+    monkeypatch.setattr(ClientStream, "batch", permuted)
+
+
 def read_rows(run_dir: str | Path) -> list[dict[str, Any]]:
     """The rows of a run's rounds.jsonl."""
     return [json.loads(line) for line in (Path(run_dir) / "rounds.jsonl").read_text().splitlines()]

@@ -113,6 +113,7 @@ def test_goal_check_pools_the_grids_and_judges_each_option_row():
     assert "| S1 | im | trust b | +1.50 ± 0.00 | +2.50 ± 0.00 | +2.00 | 75% | **no** |" in text
     assert "| S1 | im | fedrapp | +2.00 ± 0.00 | +3.00 ± 0.00 | +2.00 | 100% | yes |" in text  # the paper's, beside
     assert "| fedavg |" not in text  # only the option's rows and the paper's rule are judged
+    assert "| trust b | 0 of 1 | +1.50 | +1.50 | 1 of 1 |" in text  # the totals per rule
     losing = rows[:4] + cells("trust c", "fedrapp", 0.4975, "option", **{"trust-rate": 1.0})  # 0.25 below none-fed
     assert "| S1 | im | trust c | -0.25 ± 0.00 | +0.75 ± 0.00 | – | – | **no** |" in goal_check_markdown(
         settings_of(losing)

@@ -13,14 +13,13 @@ from flwr.clientapp import ClientApp
 from fedrapp_app.client import METHOD_STATE, STREAM_STATE, client_id_of
 from fedrapp_app.client import app as real_client_app
 from fedrapp_app.config import ConfigError
-from fedrapp_app.data import ClientStream
 from fedrapp_app.inprocess import InProcessGrid
 from fedrapp_app.records import METRICS, PROMPT
 from fedrapp_app.server import run_server
 from fedrapp_app.testbed import world
 from fedrapp_app.testbed.tiny import make_tiny_clip
 
-from federation import read_rows, run_federation, small_run
+from federation import permute_labels, read_rows, run_federation, small_run
 
 
 @pytest.fixture(scope="module")
@@ -74,14 +73,7 @@ def test_prompts_move_and_client_state_survives_rounds(testbed_tiny, tmp_path):
 def test_labels_never_reach_a_prompt(testbed_tiny, tmp_path, monkeypatch):
     """Permuting the labels of every stream changes the scores but no prompt in any round."""
     base, grid_a, _ = run_federation(small_run(testbed_tiny, tmp_path / "a"))
-    permutation = np.random.default_rng(7).permutation(len(world.CLASSNAMES))
-    original = ClientStream.batch
-
-    def permuted(self, position):
-        batch = original(self, position)
-        return type(batch)(batch.images, permutation[batch.labels], batch.indices, batch.position)
-
-    monkeypatch.setattr(ClientStream, "batch", permuted)
+    permute_labels(monkeypatch, len(world.CLASSNAMES), seed=7)
     other, grid_b, _ = run_federation(small_run(testbed_tiny, tmp_path / "b"))
     assert grid_a.sent.keys() == grid_b.sent.keys()
     assert all(np.array_equal(grid_a.sent[k], grid_b.sent[k]) for k in grid_a.sent)

@@ -13,7 +13,15 @@ from fedrapp_app.server import run_server
 from fedrapp_app.testbed import world
 from fedrapp_app.testbed.tiny import make_tiny_clip
 
-from federation import SpyGrid, comparable_rows, read_rows, run_federation, run_in_flower_simulation, small_run
+from federation import (
+    SpyGrid,
+    comparable_rows,
+    permute_labels,
+    read_rows,
+    run_federation,
+    run_in_flower_simulation,
+    small_run,
+)
 
 #: The trust option with a step large enough to move the trusts within the test's few rounds.
 TRUST = {"trust-rate": 0.5, "trust-memory-target": 0.5, "trust-peer-target": 0.2}
@@ -70,18 +78,9 @@ def test_a_resumed_trust_run_gives_the_same_results(testbed_tiny, tmp_path):
 
 def test_labels_never_reach_a_trust(testbed_tiny, tmp_path, monkeypatch):
     """Permuting the labels of every stream changes the scores, not one prompt nor one trust."""
-    from fedrapp_app.data import ClientStream
-
     config = small_run(testbed_tiny, tmp_path / "a", **{"num-rounds": 3}, **TRUST)
     base, grid_a, _ = run_federation(config)
-    permutation = np.random.default_rng(3).permutation(len(world.CLASSNAMES))
-    original = ClientStream.batch
-
-    def permuted(self, position):
-        batch = original(self, position)
-        return type(batch)(batch.images, permutation[batch.labels], batch.indices, batch.position)
-
-    monkeypatch.setattr(ClientStream, "batch", permuted)
+    permute_labels(monkeypatch, len(world.CLASSNAMES), seed=3)
     other, grid_b, _ = run_federation({**config, "output-dir": str(tmp_path / "b")})
     assert all(np.array_equal(grid_a.sent[k], grid_b.sent[k]) for k in grid_a.sent)
     trusts = [[(r["trust_memory"], r["trust_peers"]) for r in read_rows(s["run_dir"])] for s in (base, other)]

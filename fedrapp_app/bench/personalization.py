@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from fedrapp_app.bench.rows import read_rows, report_main, write_text_atomic
+from fedrapp_app.bench.rows import report_input, report_main, write_text_atomic
 from fedrapp_app.bench.schema import ZEROSHOT
 from fedrapp_app.bench.stats import Setting, Stat, mean_std, settings_of
 
@@ -381,11 +381,7 @@ def grid_tables(settings: Sequence[Setting]) -> str:
 
 def write_personalization(bench_dir: str | Path, out_dir: str | Path | None = None) -> Path:
     """Write the per-domain tables and the share and trace figures of every grid; return the markdown path."""
-    rows = read_rows(bench_dir)
-    if not rows:
-        raise FileNotFoundError(f"no finished cells in {Path(bench_dir) / 'cells.jsonl'}")
-    out = Path(out_dir) if out_dir else Path(bench_dir) / "personalization"
-    out.mkdir(parents=True, exist_ok=True)
+    rows, out = report_input(bench_dir, out_dir, "personalization")
     settings = settings_of(rows)
     text = io.StringIO()
     text.write(

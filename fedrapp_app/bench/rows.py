@@ -54,6 +54,17 @@ def read_rows(bench_dir: str | Path) -> list[dict[str, Any]]:
     return rows
 
 
+def report_input(bench_dir: str | Path, out_dir: str | Path | None, default_out: str) -> tuple[list[dict], Path]:
+    """What a report module starts from: the finished rows of ``bench_dir`` (``FileNotFoundError`` when there
+    are none) and its output folder, created (``out_dir``, or ``<bench-dir>/<default_out>``)."""
+    rows = read_rows(bench_dir)
+    if not rows:
+        raise FileNotFoundError(f"no finished cells in {rows_path(bench_dir)}")
+    out = Path(out_dir) if out_dir else Path(bench_dir) / default_out
+    out.mkdir(parents=True, exist_ok=True)
+    return rows, out
+
+
 def write_rows(bench_dir: str | Path, rows: Iterable[Mapping[str, Any]]) -> None:
     """Replace the rows file atomically (temporary file + rename)."""
     path = rows_path(bench_dir)

@@ -32,7 +32,7 @@ from typing import Any
 import numpy as np
 
 from fedrapp_app.bench.personalization import paired_gap, save_small_png
-from fedrapp_app.bench.rows import read_rows, report_main, write_text_atomic
+from fedrapp_app.bench.rows import report_input, report_main, write_text_atomic
 from fedrapp_app.bench.stats import Setting, mean_std, settings_of
 
 #: The label-free candidates, by name: a function of the arrays (e, dm) -> signal, with e = H_own − H_pre and
@@ -231,6 +231,7 @@ def goal_check_markdown(
         if len(s.compare) == 2 and s.compare[1] in s.labels:
             table.setdefault((s.context_name, s.labels[s.compare[0]]), {})[s.labels[s.compare[1]]] = s
     lines = []
+    totals: dict[str, list[tuple[bool, float, bool]]] = {}  # rule -> per (setting, method): met, Δ none-fed, ≥ FedAvg
     for (context, method), block in table.items():
         none_fed = next((s for s in block.values() if s.strategy == "none-fed"), None)
         fedavg = next((s for s in block.values() if s.strategy == "fedavg"), None)
@@ -249,6 +250,8 @@ def goal_check_markdown(
                 checks.append(vs_avg.mean + (vs_avg.std if vs_avg.n > 1 else 0.0) >= 0)
             if best > 0:
                 checks.append(kept >= KEPT_GAIN)
+            above_fedavg = vs_avg is not None and vs_avg.n > 0 and vs_avg.mean > 0
+            totals.setdefault(label, []).append((all(checks), vs_none.mean, above_fedavg))
             lines.append(
                 f"| {context} | {method} | {label} | {vs_none.format(signed=True)} | "
                 f"{vs_avg.format(signed=True) if vs_avg is not None else '–'} | "
@@ -261,7 +264,17 @@ def goal_check_markdown(
         "| setting | method | option | Δ vs none-fed | Δ vs fedavg | best FedRAPP gain | kept | goal met |\n"
         "|---|---|---|---|---|---|---|---|\n"
     )
-    return head + "\n".join(lines) + "\n"
+    summary = (
+        "\n| rule | goal met | mean Δ vs none-fed | worst Δ vs none-fed | above FedAvg (mean) |\n"
+        "|---|---|---|---|---|\n"
+    )
+    for label, judged in totals.items():
+        gaps = [gap for _, gap, _ in judged]
+        summary += (
+            f"| {label} | {sum(met for met, _, _ in judged)} of {len(judged)} | {100 * np.mean(gaps):+.2f} | "
+            f"{100 * min(gaps):+.2f} | {sum(above for _, _, above in judged)} of {len(judged)} |\n"
+        )
+    return head + "\n".join(lines) + "\n" + summary
 
 
 def _is(table: Mapping[tuple[str, str], Mapping[str, Setting]], label: str, strategy: str) -> bool:
@@ -361,11 +374,7 @@ def trust_figure(settings: Sequence[Setting], title: str, path: Path) -> Path | 
 
 def write_trust(bench_dir: str | Path, out_dir: str | Path | None = None) -> Path:
     """Write ``trust.md`` (signal honesty and goal tables of every grid) and the signal figures."""
-    rows = read_rows(bench_dir)
-    if not rows:
-        raise FileNotFoundError(f"no finished cells in {Path(bench_dir) / 'cells.jsonl'}")
-    out = Path(out_dir) if out_dir else Path(bench_dir) / "trust"
-    out.mkdir(parents=True, exist_ok=True)
+    rows, out = report_input(bench_dir, out_dir, "trust")
     settings = settings_of(rows)
     text = io.StringIO()
     text.write(f"# Own-prompt signal and trust option: `{Path(bench_dir).name}`\n\n")
