@@ -323,7 +323,13 @@ def train(msg: Message, context: Context) -> Message:
         **{f"stat-{k}": float(v) for k, v in result.stats.items()},
     }
     if result.h_own is not None:  # the own last tuned prompt on this batch (report-own-prompt; the rule reads h-*)
-        own = {"h-own": result.h_own, "hm-pre": result.hm_pre, "hm-own": result.hm_own}
+        own = {
+            "h-own": result.h_own,
+            "hm-pre": result.hm_pre,
+            "hm-own": result.hm_own,
+            "v-pre": result.v_pre,
+            "v-own": result.v_own,
+        }
         metrics.update({k: float(v) for k, v in own.items() if v is not None})
         metrics["correct-own"] = _score(result.predictions_own, batch.labels)
     _advance(context, client, round_config, position, method.state_dict())

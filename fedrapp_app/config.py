@@ -282,6 +282,22 @@ KEYS: tuple[Key, ...] = (
         minimum=0.0,
     ),
     Key(
+        "trust-memory-votes",
+        0.0,
+        "FedRAPP trust option (ours): the memory trust's evidence: 0 = the information gap above, 1 = the neighbour "
+        "vote (where the two prompts disagree, do the most similar images they label alike side with the sent "
+        "one?), 0.5 = a round counts where both agree",
+        minimum=0.0,
+        maximum=1.0,
+    ),
+    Key(
+        "trust-peer-votes",
+        0.0,
+        "FedRAPP trust option (ours): the same for the peer trust",
+        minimum=0.0,
+        maximum=1.0,
+    ),
+    Key(
         "fedamp-sigma",
         1.0,
         "FedAMP kernel scale sigma of exp(-||Pi - Pj||^2 / sigma)",
@@ -448,6 +464,8 @@ RULE_KEYS: dict[str, dict[str, str]] = {
         "trust-memory-target": "trust_memory_target",
         "trust-peer-target": "trust_peer_target",
         "trust-marginal": "trust_marginal",
+        "trust-memory-votes": "trust_memory_votes",
+        "trust-peer-votes": "trust_peer_votes",
     },
     "none-fed": {},
     "fedavg": {},

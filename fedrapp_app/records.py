@@ -5,8 +5,9 @@ A prompt is a list of K context blocks; on the wire it is one ``ArrayRecord`` wi
 ``{"prompt": ArrayRecord, "metrics": MetricRecord}`` (plus, optionally, ``"notes": ConfigRecord``: text for
 the results, such as the files it could not decode); its metrics carry what the server rule may read
 (``client-id``, ``h-pre``, ``h-post``, ``num-examples``; optionally ``h-own``, the mean prediction entropy of the
-client's own last tuned prompt on the batch, and ``hm-pre`` / ``hm-own``, the entropy of the batch-mean prediction
-of the received and of the own prompt, which FedRAPP's trust option reads) and reporting values that only the
+client's own last tuned prompt on the batch, ``hm-pre`` / ``hm-own``, the entropy of the batch-mean prediction
+of the received and of the own prompt, and ``v-pre`` / ``v-own``, the neighbour votes for each where the two
+disagree, which FedRAPP's trust option reads) and reporting values that only the
 results recorder reads (accuracy counts, timings).
 """
 
@@ -29,9 +30,11 @@ NOTES = "notes"  # optional ConfigRecord of a train reply: text for the results 
 RULE_METRICS = ("client-id", "h-pre", "h-post", "num-examples")
 #: Metrics the server rule reads when a reply has them (a reply without them is valid; the rule then sees None):
 #: what a client reports about its own last tuned prompt on the batch (FedRAPP's trust option reads them).
-OPTIONAL_RULE_METRICS = ("h-own", "hm-pre", "hm-own")
+OPTIONAL_RULE_METRICS = ("h-own", "hm-pre", "hm-own", "v-pre", "v-own")
 #: The Upload fields that hold them, in the same order.
-OWN_PROMPT_FIELDS = ("h_own", "hm_pre", "hm_own")
+OWN_PROMPT_FIELDS = ("h_own", "hm_pre", "hm_own", "v_pre", "v_own")
+#: Those that are neighbour votes, shares of a batch in [0, 1] (the others are entropies, >= 0).
+VOTE_METRICS = ("v-pre", "v-own")
 
 
 def prompt_to_record(blocks: Sequence[np.ndarray]) -> ArrayRecord:
@@ -81,6 +84,8 @@ class Upload:
     h_own: float | None = None  # entropy of the client's own last tuned prompt on the batch (when reported)
     hm_pre: float | None = None  # entropy of the received prompt's batch-mean prediction (when reported)
     hm_own: float | None = None  # the same for the own prompt
+    v_pre: float | None = None  # neighbour vote for the received prompt against the own one, in [0, 1] (when reported)
+    v_own: float | None = None  # the same for the own prompt
 
 
 class RejectedReply(ValueError):
@@ -130,9 +135,11 @@ def parse_train_reply(
         raise RejectedReply(f"num-examples must be a positive integer, got {num_examples}")
     own = {}
     for key, field_name in zip(OPTIONAL_RULE_METRICS, OWN_PROMPT_FIELDS, strict=True):
-        own[field_name] = _finite_number(metrics, key) if key in metrics else None
-        if own[field_name] is not None and own[field_name] < 0:
-            raise RejectedReply(f"negative entropy ({key}={own[field_name]})")
+        value = own[field_name] = _finite_number(metrics, key) if key in metrics else None
+        if value is not None and key in VOTE_METRICS and not 0 <= value <= 1:
+            raise RejectedReply(f"{key}={value} is not a share of the batch in [0, 1]")
+        if value is not None and value < 0:
+            raise RejectedReply(f"negative entropy ({key}={value})")
 
     if PROMPT not in content.array_records:
         raise RejectedReply(f"no ArrayRecord {PROMPT!r} in the reply")

@@ -82,6 +82,8 @@ def _row(row: ClientRow, report: RoundReport) -> dict[str, Any]:
         out["h_own"] = u.h_own
         if "correct-own" in report_metrics:
             out["acc_own"] = int(report_metrics.pop("correct-own")) / u.num_examples
+    if u.v_pre is not None and u.v_own is not None:  # the neighbour votes for the received and the own prompt
+        out.update(v_pre=u.v_pre, v_own=u.v_own)
     if report.output is not None:
         d = report.output.diagnostics
         peers, rest = top_peers(d.peer_weights[c])

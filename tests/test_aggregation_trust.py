@@ -14,9 +14,11 @@ from fedrapp_app.aggregation import FedRAPPParams, fedrapp_round, make_params, m
 from fedrapp_app.aggregation.fedrapp import (
     TRUSTS,
     OwnPromptSignals,
+    combined_evidence,
     own_prompt_signals,
     trust_evidence,
     updated_trust,
+    vote_evidence,
 )
 
 ON = {"trust_rate": 0.5, "trust_memory_target": 0.4, "trust_peer_target": 0.2}
@@ -202,6 +204,46 @@ def test_absent_clients_keep_their_trusts_and_their_reports_are_never_read(seed)
     assert np.array_equal(out.personalized, again.personalized)
 
 
+def test_the_neighbour_vote_is_its_own_evidence_and_half_weight_needs_both() -> None:
+    """Client 0: information and votes both say the sent prompt won; client 1: information says won, the votes
+    lost; client 2: no votes reported (NaN); client 3: equal votes."""
+    h_pre = np.full(4, 1.0)
+    own = OwnPromptSignals(
+        h_own=np.full(4, 1.2),  # the sent prompt is the more informative on every client
+        hm_pre=np.full(4, 2.0),
+        hm_own=np.full(4, 2.0),
+        v_pre=np.array([0.2, 0.05, np.nan, 0.1]),
+        v_own=np.array([0.1, 0.15, np.nan, 0.1]),
+    )
+    replied = np.ones(4, bool)
+    information = trust_evidence(h_pre, own, replied, marginal=1.0)
+    votes = vote_evidence(own, replied)
+    assert information.tolist() == [1.0, 1.0, 1.0, 1.0] and votes.tolist() == [1.0, -1.0, 0.0, 0.0]
+    assert combined_evidence(information, votes, 0.0).tolist() == information.tolist()
+    assert combined_evidence(information, votes, 1.0).tolist() == votes.tolist()
+    assert combined_evidence(information, votes, 0.5).tolist() == [1.0, 0.0, 1.0, 1.0]  # a disagreement is a tie
+    no_votes = OwnPromptSignals(h_own=own.h_own, hm_pre=own.hm_pre, hm_own=own.hm_own)
+    assert vote_evidence(no_votes, replied).tolist() == [0.0] * 4
+
+
+def test_a_trust_that_reads_the_votes_follows_them_not_the_entropies() -> None:
+    """Memory trust on the votes, peer trust on the information: a client whose sent prompt is the more informative
+    but loses the neighbour vote keeps its peer trust and loses its memory trust."""
+    rng = np.random.default_rng(3)
+    kw = synthetic_round(rng, 3, 6, reply_prob=1.0)
+    reports = {
+        "h_own": kw["h_pre"] + 0.1,
+        "hm_pre": np.full(3, 2.0),
+        "hm_own": np.full(3, 2.0),
+        "v_pre": np.zeros(3),
+        "v_own": np.full(3, 0.2),
+    }
+    params = FedRAPPParams(**ON, trust_memory_votes=1.0)
+    out = fedrapp_round(**kw, params=params, **reports)
+    assert np.allclose(out.state["trust-memory"], 1.0 - 0.5 * 0.4)  # lost: −κ·ρ_memory
+    assert np.allclose(out.state["trust-peers"], 1.0)  # won: +κ·(1 − ρ_peers), clipped at 1
+
+
 def test_bad_trust_inputs_are_refused_with_their_name() -> None:
     rng = np.random.default_rng(1)
     kw = synthetic_round(rng, 3, 4, reply_prob=1.0)
@@ -210,8 +252,10 @@ def test_bad_trust_inputs_are_refused_with_their_name() -> None:
         fedrapp_round(**kw, params=p, state={"trust-memory": np.array([0.5, 1.5, 0.2])})
     with pytest.raises(ValueError, match="h_own has shape"):
         fedrapp_round(**kw, params=p, h_own=np.ones(2))
-    with pytest.raises(ValueError, match="hm_pre is negative"):
-        own_prompt_signals(np.ones(3, bool), None, np.array([1.0, -1.0, 1.0]), None)
+    with pytest.raises(ValueError, match=r"hm_pre is outside \[0, inf\] in row\(s\) \[1\]"):
+        own_prompt_signals(np.ones(3, bool), hm_pre=np.array([1.0, -1.0, 1.0]))
+    with pytest.raises(ValueError, match=r"v_own is outside \[0, 1.0\] in row\(s\) \[2\]"):
+        own_prompt_signals(np.ones(3, bool), v_own=np.array([0.0, 1.0, 1.5]))
     with pytest.raises(ValueError, match="trust_rate"):
         make_params("fedrapp", {"trust_rate": 1.5})
 

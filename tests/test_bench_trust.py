@@ -19,8 +19,11 @@ from fedrapp_app.bench.trust import (
 )
 
 
-def own_block(domain: str, e: list[float], dm: list[float], dacc: list[float], trust: bool = False) -> dict:
-    """One client's curves: round 1 has no own prompt; later rounds have entropy gap e, marginal gap dm, Δacc."""
+def own_block(
+    domain: str, e: list[float], dm: list[float], dacc: list[float], trust: bool = False, nb: list[float] | None = None
+) -> dict:
+    """One client's curves: round 1 has no own prompt; later rounds have entropy gap e, marginal gap dm, Δacc
+    (and, given ``nb``, the neighbour-vote gap V_pre − V_own)."""
     size = len(e) + 1
     h_pre = [1.0] * size
     block = {
@@ -38,6 +41,8 @@ def own_block(domain: str, e: list[float], dm: list[float], dacc: list[float], t
     }
     if trust:
         block.update(trust_memory=[1.0] + [0.5] * len(e), trust_peers=[1.0] * size)
+    if nb is not None:
+        block.update(v_pre=[None] + [0.2 + x for x in nb], v_own=[None] + [0.2] * len(nb))
     return block
 
 
@@ -77,6 +82,17 @@ def test_an_honest_signal_scores_one_and_a_lying_one_a_third():
     np.testing.assert_allclose(candidate("marginal", pairs.e, pairs.dm)[:3], [-0.5, 0.4, -0.1])
     with pytest.raises(ValueError, match="unknown signal"):
         candidate("loss", pairs.e, pairs.dm)
+
+
+def test_the_neighbour_vote_is_a_candidate_where_the_rows_have_it_and_nan_where_they_predate_it():
+    e, dm, dacc = [0.3, -0.1, 0.2], [0.5, -0.4, 0.1], [-0.2, 0.3, 0.1]
+    voted = own_block("blur", e, dm, dacc, nb=[-0.05, 0.1, 0.02])  # the vote's sign is Δacc's
+    older = own_block("contrast", e, dm, dacc)  # a row from before the vote was reported
+    pairs = own_prompt_pairs([row("fedrapp", "fedrapp", 0, 0.5, {"0": voted, "1": older})])
+    np.testing.assert_allclose(pairs.nb[:3], [-0.05, 0.1, 0.02])
+    assert np.isnan(pairs.nb[3:]).all()
+    h = honesty(pairs)
+    assert h.agreement["neighbours"] == 1.0 and h.positive["neighbours"] == pytest.approx(2 / 3)  # over its 3 pairs
 
 
 def test_centring_removes_each_rounds_mean():

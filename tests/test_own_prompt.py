@@ -10,7 +10,7 @@ from flwr.app import MetricRecord, RecordDict
 
 from fedrapp_app.config import RunConfig
 from fedrapp_app.methods import METHODS, make_method
-from fedrapp_app.methods.base import OwnPrompt, mean_entropy
+from fedrapp_app.methods.base import OwnPrompt, mean_entropy, neighbour_votes
 from fedrapp_app.records import METRICS, PROMPT, RejectedReply, parse_train_reply, prompt_to_record
 
 #: Small settings that make every method update from its first batch on the tiny CLIP.
@@ -45,6 +45,8 @@ def test_h_own_is_the_entropy_of_the_last_tuned_prompt_on_the_new_batch(tiny_pcl
         assert result.h_own == pytest.approx(mean_entropy(logits), rel=1e-5, abs=1e-6)
         assert torch.equal(result.predictions_own, logits.argmax(-1))
         assert 0.0 <= result.stats["own_agreement"] <= 1.0 and result.stats["own_marginal_entropy"] >= 0.0
+        votes = neighbour_votes(features, result.predictions_before, result.predictions_own)
+        assert (result.v_pre, result.v_own) == pytest.approx(votes)  # the neighbours of the same images
 
 
 @pytest.mark.parametrize("name", sorted(METHODS))
@@ -117,3 +119,45 @@ def test_h_own_is_an_optional_rule_metric():
     for bad in (-0.5, float("nan")):
         with pytest.raises(RejectedReply, match="h-own"):
             parse_train_reply(_reply(**{"h-own": bad}), 1, SHAPES, max_norm=1e3)
+
+
+def test_the_neighbour_votes_travel_as_optional_rule_metrics_within_0_and_1():
+    upload = parse_train_reply(_reply(**{"v-pre": 0.25, "v-own": 0.0}), 1, SHAPES, max_norm=1e3)
+    assert (upload.v_pre, upload.v_own) == (0.25, 0.0) and "v-pre" not in upload.report
+    for bad in (-0.1, 1.5, float("inf")):
+        with pytest.raises(RejectedReply, match="v-own"):
+            parse_train_reply(_reply(**{"v-pre": 0.25, "v-own": bad}), 1, SHAPES, max_norm=1e3)
+
+
+def _two_clusters() -> torch.Tensor:
+    """Eight unit image features: images 0-3 near e0, images 4-7 near e1 (Tensor[8, 3])."""
+    base = torch.tensor([[1.0, 0.0, 0.0]] * 4 + [[0.0, 1.0, 0.0]] * 4)
+    wobble = 0.05 * torch.arange(8, dtype=torch.float32)[:, None] * torch.tensor([[0.0, 0.0, 1.0]])
+    return torch.nn.functional.normalize(base + wobble, dim=1)
+
+
+def test_neighbour_votes_side_with_the_prompt_that_labels_an_image_like_its_neighbours():
+    features = _two_clusters()
+    a = torch.tensor([0, 0, 0, 0, 1, 1, 1, 1])  # labels each cluster alike
+    b = torch.tensor([0, 0, 0, 2, 1, 1, 1, 3])  # breaks image 3 (cluster 0) and image 7 (cluster 1)
+    score_a, score_b = neighbour_votes(features, a, b, k=2)
+    # two disagreements; each one's 2 nearest agreeing images share a's label: a gets 2 × 1 / 8
+    assert score_a == pytest.approx(2 / 8) and score_b == 0.0
+    assert neighbour_votes(features, b, a, k=2) == (score_b, score_a)  # symmetric in the two prompts
+
+
+def test_neighbour_votes_are_zero_without_disagreement_or_without_referees():
+    features = _two_clusters()
+    a = torch.tensor([0, 0, 0, 0, 1, 1, 1, 1])
+    assert neighbour_votes(features, a, a.clone()) == (0.0, 0.0)
+    assert neighbour_votes(features, a, a + 5) == (0.0, 0.0)  # they differ everywhere: nobody referees
+
+
+def test_neighbour_votes_do_not_reward_a_collapse():
+    """A prompt that puts every image in one class is not right by agreeing with itself: the referees are the
+    images both prompts label alike, so where the collapsed prompt disagrees it loses to the spread one."""
+    features = _two_clusters()
+    spread = torch.tensor([0, 0, 0, 0, 1, 1, 1, 1])
+    collapsed = torch.tensor([0, 0, 0, 0, 0, 0, 1, 1])  # cluster 1 half pulled into class 0
+    score_spread, score_collapsed = neighbour_votes(features, spread, collapsed, k=2)
+    assert score_spread > score_collapsed

@@ -44,6 +44,7 @@ def test_reporting_the_own_prompt_changes_no_prompt_and_no_score(testbed_tiny, t
     assert all("h_own" not in r for r in rows if r["round"] == 1)  # no own prompt before the first round
     later = [r for r in rows if r["round"] > 1]
     assert later and all(r["h_own"] >= 0 and 0 <= r["acc_own"] <= 1 for r in later)
+    assert all(0 <= r["v_pre"] <= 1 and 0 <= r["v_own"] <= 1 for r in later)  # the neighbour votes
     assert all("trust_memory" not in r for r in rows)  # the paper's rule: no trust
 
 
@@ -76,9 +77,12 @@ def test_a_resumed_trust_run_gives_the_same_results(testbed_tiny, tmp_path):
     assert all(np.array_equal(resumed_grid.sent[k], whole_grid.sent[k]) for k in resumed_grid.sent)
 
 
-def test_labels_never_reach_a_trust(testbed_tiny, tmp_path, monkeypatch):
-    """Permuting the labels of every stream changes the scores, not one prompt nor one trust."""
-    config = small_run(testbed_tiny, tmp_path / "a", **{"num-rounds": 3}, **TRUST)
+@pytest.mark.parametrize("votes", [0.0, 1.0], ids=["information", "neighbour-votes"])
+def test_labels_never_reach_a_trust(testbed_tiny, tmp_path, monkeypatch, votes):
+    """Permuting the labels of every stream changes the scores, not one prompt nor one trust (whichever evidence
+    the trusts read)."""
+    evidence = {"trust-memory-votes": votes, "trust-peer-votes": votes}
+    config = small_run(testbed_tiny, tmp_path / "a", **{"num-rounds": 3}, **TRUST, **evidence)
     base, grid_a, _ = run_federation(config)
     permute_labels(monkeypatch, len(world.CLASSNAMES), seed=3)
     other, grid_b, _ = run_federation({**config, "output-dir": str(tmp_path / "b")})

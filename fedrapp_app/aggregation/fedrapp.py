@@ -93,6 +93,12 @@ class FedRAPPParams(RuleParams):
     trust_marginal: float = param(
         1.0, NON_NEGATIVE, "ours: weight of the marginal-entropy gap in the evidence (0: entropy alone, 1: information)"
     )
+    trust_memory_votes: float = param(
+        0.0,
+        UNIT,
+        "ours: the memory trust's evidence, 0 = the information gap, 1 = the neighbour vote, 0.5 = both agree",
+    )
+    trust_peer_votes: float = param(0.0, UNIT, "ours: the same for the peer trust")
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -193,27 +199,34 @@ class OwnPromptSignals:
     """What clients report about their own last tuned prompt on the new batch [N] each (NaN: not reported).
 
     ``h_own``: mean prediction entropy of the own prompt; ``hm_pre`` / ``hm_own``: entropy of the batch-mean
-    prediction (the marginal) of the sent and of the own prompt.
+    prediction (the marginal) of the sent and of the own prompt; ``v_pre`` / ``v_own``: the neighbour votes for
+    each where the two disagree (``methods.base.neighbour_votes``: shares of the batch, in [0, 1]).
     """
 
     h_own: NDArray[np.float64]
     hm_pre: NDArray[np.float64]
     hm_own: NDArray[np.float64]
+    v_pre: NDArray[np.float64] | None = None  # None: not reported by anybody
+    v_own: NDArray[np.float64] | None = None
 
 
-def own_prompt_signals(
-    replied: NDArray[np.bool_], h_own: ArrayLike | None, hm_pre: ArrayLike | None, hm_own: ArrayLike | None
-) -> OwnPromptSignals:
-    """Validated :class:`OwnPromptSignals`: NaN where a client did not reply or reported nothing (None: nobody)."""
+def own_prompt_signals(replied: NDArray[np.bool_], **reported: ArrayLike | None) -> OwnPromptSignals:
+    """Validated :class:`OwnPromptSignals` from the fields' arrays [N] (a missing field or None: nobody reported
+    it); NaN where a client did not reply or reported nothing."""
     n = replied.shape[0]
+    unknown = sorted(set(reported) - set(OwnPromptSignals.__dataclass_fields__))
+    if unknown:
+        raise TypeError(f"unknown own-prompt signal(s) {unknown}")
     arrays = {}
-    for name, value in (("h_own", h_own), ("hm_pre", hm_pre), ("hm_own", hm_own)):
+    for name in OwnPromptSignals.__dataclass_fields__:
+        value = reported.get(name)
         array = np.full(n, np.nan) if value is None else np.asarray(value, dtype=np.float64)
         if array.shape != (n,):
             raise ValueError(f"{name} has shape {array.shape}, expected ({n},) (NaN where a client reported none)")
-        bad = np.flatnonzero(replied & (array < 0))
+        high = 1.0 if name.startswith("v_") else np.inf  # votes are shares of a batch, the rest entropies
+        bad = np.flatnonzero(replied & ((array < 0) | (array > high)))
         if bad.size:
-            raise ValueError(f"{name} is negative in row(s) {bad[:10].tolist()}: an entropy is >= 0")
+            raise ValueError(f"{name} is outside [0, {high}] in row(s) {bad[:10].tolist()}")
         arrays[name] = np.where(replied, array, np.nan)
     return OwnPromptSignals(**arrays)
 
@@ -238,6 +251,24 @@ def trust_evidence(
     known = replied & np.isfinite(gap)
     safe = np.where(known, gap, 0.0)
     return np.where(known & (np.abs(safe) > EVIDENCE_RTOL * np.where(known, scale, 0.0)), np.sign(safe), 0.0)
+
+
+def vote_evidence(own: OwnPromptSignals, replied: NDArray[np.bool_]) -> NDArray[np.float64]:
+    """Per client [N]: +1 where the images' neighbours side with the sent prompt (V_pre > V_own), −1 where they
+    side with the own one, 0 without evidence (no reply, nothing reported, equal votes, no disagreement)."""
+    if own.v_pre is None or own.v_own is None:
+        return np.zeros(replied.shape[0])
+    gap = own.v_pre - own.v_own
+    known = replied & np.isfinite(gap)
+    return np.where(known, np.sign(np.where(known, gap, 0.0)), 0.0)
+
+
+def combined_evidence(
+    information: NDArray[np.float64], votes: NDArray[np.float64], weight: float
+) -> NDArray[np.float64]:
+    """sign((1 − w)·information + w·votes) [N] for evidences in {−1, 0, +1}: w = 0 is the information gap alone,
+    w = 1 the neighbour vote alone, w = 0.5 counts a round only where the two agree (or one is silent)."""
+    return np.sign((1.0 - weight) * information + weight * votes)
 
 
 def updated_trust(
@@ -273,11 +304,19 @@ def round_trusts(
     state: Mapping[str, ArrayLike] | None,
     p: FedRAPPParams,
 ) -> dict[str, NDArray[np.float64]]:
-    """This round's memory and peer trusts [N] each: the previous ones moved by this round's evidence."""
-    evidence = trust_evidence(h_pre, own, replied, p.trust_marginal)
+    """This round's memory and peer trusts [N] each: the previous ones moved by this round's evidence (each
+    trust's own mix of the information gap and the neighbour vote)."""
+    information = trust_evidence(h_pre, own, replied, p.trust_marginal)
+    votes = vote_evidence(own, replied)
     before = previous_trusts(state, replied.shape[0], p)
     targets = {"trust-memory": p.trust_memory_target, "trust-peers": p.trust_peer_target}
-    return {name: updated_trust(before[name], evidence, targets[name], p.trust_rate) for name in TRUSTS}
+    weights = {"trust-memory": p.trust_memory_votes, "trust-peers": p.trust_peer_votes}
+    return {
+        name: updated_trust(
+            before[name], combined_evidence(information, votes, weights[name]), targets[name], p.trust_rate
+        )
+        for name in TRUSTS
+    }
 
 
 def personalized_prompts(
@@ -307,14 +346,16 @@ def fedrapp_round(
     h_own: ArrayLike | None = None,
     hm_pre: ArrayLike | None = None,
     hm_own: ArrayLike | None = None,
+    v_pre: ArrayLike | None = None,
+    v_own: ArrayLike | None = None,
     state: Mapping[str, ArrayLike] | None = None,
 ) -> RoundOutput:
     """One FedRAPP server round (SPEC §4); shapes as in :class:`~fedrapp_app.aggregation.common.RoundRule`.
 
-    ``num_examples`` is not read (FedRAPP weighs clients by reliability, not by batch size). ``h_own``, ``hm_pre``,
-    ``hm_own`` [N] (NaN where not reported; see :class:`OwnPromptSignals`) and ``state`` (the previous round's
-    ``RoundOutput.state``) are read by the trust option only (``trust_rate`` > 0, ours; see the module docstring);
-    with it off they are ignored.
+    ``num_examples`` is not read (FedRAPP weighs clients by reliability, not by batch size). ``h_own``,
+    ``hm_pre``, ``hm_own``, ``v_pre``, ``v_own`` [N] (NaN where not reported; see :class:`OwnPromptSignals`) and
+    ``state`` (the previous round's ``RoundOutput.state``) are read by the trust option only (``trust_rate`` > 0,
+    ours; see the module docstring); with it off they are ignored.
     """
     p = params if params is not None else FedRAPPParams()
     if not isinstance(p, FedRAPPParams):
@@ -333,7 +374,7 @@ def fedrapp_round(
     # trust option (ours): this round's evidence moves each client's memory and peer trusts, which scale μ and γ
     trusts = None
     if p.trust_rate > 0:
-        own = own_prompt_signals(x.replied, h_own, hm_pre, hm_own)
+        own = own_prompt_signals(x.replied, h_own=h_own, hm_pre=hm_pre, hm_own=hm_own, v_pre=v_pre, v_own=v_own)
         trusts = round_trusts(x.h_pre, own, x.replied, state, p)
     # 4. memory (μ = 1 marks the untouched rows of absent clients), from the clipped uploads if asked
     used = x.sent + clipped_updates(delta, delta_norm, informative, p.update_clip) if p.update_clip > 0 else x.tuned

@@ -23,8 +23,9 @@ import numpy as np
 
 ROWS_FILE = "cells.jsonl"
 #: Per-client curves that only runs with report-own-prompt have: the own last tuned prompt's entropy and
-#: accuracy on each batch, and FedRAPP's memory and peer trusts (its trust option).
-OWN_PROMPT_KEYS = ("h_own", "acc_own", "trust_memory", "trust_peers")
+#: accuracy on each batch, the neighbour votes for the received and the own prompt, and FedRAPP's memory and peer
+#: trusts (its trust option).
+OWN_PROMPT_KEYS = ("h_own", "acc_own", "v_pre", "v_own", "trust_memory", "trust_peers")
 #: The same runs' method statistics kept as curves: curve name -> client metric (base.OwnPrompt's stats).
 OWN_PROMPT_STATS = {
     "marginal_own": "stat-own_marginal_entropy",

@@ -35,23 +35,27 @@ from fedrapp_app.bench.personalization import paired_gap, save_small_png
 from fedrapp_app.bench.rows import report_input, report_main, write_text_atomic
 from fedrapp_app.bench.stats import Setting, mean_std, settings_of
 
-#: The label-free candidates, by name: a function of the arrays (e, dm) -> signal, with e = H_own − H_pre and
-#: dm = Hm_own − Hm_pre; every candidate is positive when it says the sent prompt is the better one.
+#: The label-free candidates, by name: a function of the arrays (e, dm, nb) -> signal, with e = H_own − H_pre,
+#: dm = Hm_own − Hm_pre and nb = V_pre − V_own (the neighbour votes of methods.base.neighbour_votes); every
+#: candidate is positive when it says the sent prompt is the better one.
 CANDIDATES: dict[str, str] = {
     "entropy": "H_own − H_pre",
     "marginal": "Hm_pre − Hm_own",
     "information": "I_pre − I_own",
+    "neighbours": "V_pre − V_own",
 }
 
 
-def candidate(name: str, e: np.ndarray, dm: np.ndarray) -> np.ndarray:
-    """The candidate signal ``name`` (see :data:`CANDIDATES`) from the entropy and marginal-entropy gaps."""
+def candidate(name: str, e: np.ndarray, dm: np.ndarray, nb: np.ndarray | None = None) -> np.ndarray:
+    """The candidate signal ``name`` (see :data:`CANDIDATES`) from the entropy, marginal-entropy and vote gaps."""
     if name == "entropy":
         return e
     if name == "marginal":
         return -dm
     if name == "information":
         return e - dm
+    if name == "neighbours":
+        return np.full_like(e, np.nan) if nb is None else nb
     raise ValueError(f"unknown signal {name!r}; choose one of {sorted(CANDIDATES)}")
 
 
@@ -63,6 +67,7 @@ class Pairs:
     e: np.ndarray  # [M] H_own − H_pre
     dm: np.ndarray  # [M] Hm_own − Hm_pre
     dacc: np.ndarray  # [M] acc(received) − acc(own), fractions
+    nb: np.ndarray  # [M] V_pre − V_own, the neighbour-vote gap (NaN in rows that predate it)
 
     def __len__(self) -> int:
         return int(self.dacc.size)
@@ -70,12 +75,14 @@ class Pairs:
 
 def own_prompt_pairs(rows: Sequence[Mapping[str, Any]]) -> Pairs:
     """Every (client, round) of ``rows`` (one setting's seeds) whose client scored an own prompt."""
-    ident, e, dm, dacc = [], [], [], []
+    ident, e, dm, dacc, nb = [], [], [], [], []
     rounds: dict[tuple[int, int], int] = {}
     for seed_index, row in enumerate(rows):
         for block in row.get("clients", {}).values():
             if "h_own" not in block:
                 continue
+            missing = [None] * len(block["round"])
+            votes = zip(block.get("v_pre", missing), block.get("v_own", missing), strict=True)
             series = zip(
                 block["round"],
                 block["h_pre"],
@@ -84,16 +91,18 @@ def own_prompt_pairs(rows: Sequence[Mapping[str, Any]]) -> Pairs:
                 block["acc_own"],
                 block["marginal_received"],
                 block["marginal_own"],
+                votes,
                 strict=True,
             )
-            for t, h_pre, h_own, acc_before, acc_own, m_pre, m_own in series:
+            for t, h_pre, h_own, acc_before, acc_own, m_pre, m_own, (v_pre, v_own) in series:
                 if h_own is None or acc_own is None or m_pre is None or m_own is None:
                     continue
                 ident.append(rounds.setdefault((seed_index, int(t)), len(rounds)))
                 e.append(h_own - h_pre)
                 dm.append(m_own - m_pre)
                 dacc.append(acc_before - acc_own)
-    return Pairs(np.array(ident, dtype=int), np.array(e), np.array(dm), np.array(dacc))
+                nb.append(np.nan if v_pre is None or v_own is None else v_pre - v_own)
+    return Pairs(np.array(ident, dtype=int), np.array(e), np.array(dm), np.array(dacc), np.array(nb, dtype=float))
 
 
 def centred(values: np.ndarray, ident: np.ndarray) -> np.ndarray:
@@ -134,33 +143,48 @@ def honesty(pairs: Pairs) -> Honesty | None:
     """The signal-honesty numbers of one setting (None without pairs)."""
     if not len(pairs):
         return None
-    target = centred(pairs.dacc, pairs.ident)
     corr, agreement, positive = {}, {}, {}
     for name in CANDIDATES:
-        signal = candidate(name, pairs.e, pairs.dm)
-        corr[name] = pearson(centred(signal, pairs.ident), target)
-        agreement[name] = sign_agreement(signal, pairs.dacc)
+        signal = candidate(name, pairs.e, pairs.dm, pairs.nb)
+        known = np.isfinite(signal)  # a candidate the rows predate is NaN
+        if not known.any():
+            corr[name] = agreement[name] = positive[name] = float("nan")
+            continue
+        signal, dacc, ident = signal[known], pairs.dacc[known], pairs.ident[known]
+        corr[name] = pearson(centred(signal, ident), centred(dacc, ident))
+        agreement[name] = sign_agreement(signal, dacc)
         positive[name] = float(np.mean(signal > 1e-9))
     return Honesty(len(pairs), float(pairs.dacc.mean()), float(np.mean(pairs.dacc > 1e-9)), corr, agreement, positive)
 
 
 # ---------------------------------------------------------------------------------------------- markdown
 def honesty_markdown(settings: Sequence[Setting]) -> str:
-    """One line per setting with own-prompt pairs: Δacc and, per candidate, corr / sign agreement / P(positive)."""
+    """One line per setting with own-prompt pairs: Δacc and, per candidate, corr / sign agreement / P(positive);
+    then, over the settings, how well each candidate's share of "sent better" tracks the true share (Pearson)."""
     head = " | ".join(f"{name}: corr, sign agrees, says sent better" for name in CANDIDATES)
     out = io.StringIO()
     rule = "|---|---|---|---|" + "---|" * len(CANDIDATES)
     out.write(f"| setting | pairs | Δacc (points) | sent better | {head} |\n{rule}\n")
+    found = []
     for s in settings:
         h = honesty(own_prompt_pairs(s.rows))
         if h is None:
             continue
+        found.append(h)
         label = ", ".join(s.labels[a] for a in s.labels)
         cells = [
             f"{h.corr[name]:+.2f}, {100 * h.agreement[name]:.0f}%, {100 * h.positive[name]:.0f}%" for name in CANDIDATES
         ]
         lead = f"| {label} | {h.pairs} | {100 * h.dacc:+.2f} | {100 * h.received_better:.0f}% | "
         out.write(lead + " | ".join(cells) + " |\n")
+    if len(found) >= 3:
+        truth = np.array([h.received_better for h in found])
+        tracks = [pearson(np.array([h.positive[name] for h in found]), truth) for name in CANDIDATES]
+        out.write(
+            f"| across the {len(found)} settings: corr of the shares with the true share | | | | "
+            + " | ".join(f"{c:+.2f}" for c in tracks)
+            + " |\n"
+        )
     return out.getvalue()
 
 
@@ -297,11 +321,15 @@ def signal_figure(settings: Sequence[Setting], title: str, path: Path) -> Path |
     fig, axes = plt.subplots(1, len(CANDIDATES), figsize=(4.0 * len(CANDIDATES), 3.4), squeeze=False)
     for ax, name in zip(axes[0], CANDIDATES, strict=True):
         for k, (s, p) in enumerate(data):
-            signal = candidate(name, p.e, p.dm)
+            signal = candidate(name, p.e, p.dm, p.nb)
+            known = np.isfinite(signal)
+            if known.sum() < 20:
+                continue
+            signal, dacc = signal[known], p.dacc[known]
             edges = np.quantile(signal, np.linspace(0, 1, 6))
             which = np.clip(np.searchsorted(edges, signal, side="right") - 1, 0, 4)
             x = [signal[which == b].mean() for b in range(5) if (which == b).any()]
-            y = [100 * p.dacc[which == b].mean() for b in range(5) if (which == b).any()]
+            y = [100 * dacc[which == b].mean() for b in range(5) if (which == b).any()]
             ax.plot(x, y, marker="o", markersize=3, color=f"C{k % 10}", label=", ".join(s.labels.values()))
         ax.axhline(0, color="grey", linewidth=0.8)
         ax.axvline(0, color="grey", linewidth=0.8)

@@ -36,6 +36,8 @@ class Adaptation:
     h_own: float | None = None  # mean prediction entropy of the own prompt (what FedRAPP's trust option reads)
     hm_pre: float | None = None  # entropy of the batch-mean prediction, received prompt (read by the same)
     hm_own: float | None = None  # the same, own prompt
+    v_pre: float | None = None  # neighbour vote for the received prompt against the own one (neighbour_votes)
+    v_own: float | None = None  # the same for the own prompt
     predictions_own: Tensor | None = None  # [B] long: its predictions (scored for the analysis only)
 
 
@@ -110,8 +112,39 @@ class OwnScore:
     h_own: float  # mean prediction entropy of the own prompt
     hm_pre: float  # entropy of the batch-mean prediction of the received prompt
     hm_own: float  # the same for the own prompt
+    v_pre: float  # the images' neighbours' vote for the received prompt where the two disagree (neighbour_votes)
+    v_own: float  # the same for the own prompt
     predictions: Tensor  # [B] long
     stats: dict[str, float]  # for the analysis: the marginal entropies and the agreement with the received prompt
+
+
+#: Neighbours per disagreement in :func:`neighbour_votes` (a handful: a batch of 64 holds a few images per class).
+NEIGHBOURS = 5
+
+
+def neighbour_votes(
+    features: Tensor, predictions_a: Tensor, predictions_b: Tensor, k: int = NEIGHBOURS
+) -> tuple[float, float]:
+    """Which of two prompts do the images' neighbours side with where the two disagree? -> (score_a, score_b).
+
+    ``features`` Tensor[B, E] (L2-normalised image features), ``predictions_a`` / ``predictions_b`` Tensor[B] long.
+    The images both prompts label alike (the agreement set A) are the referees: each image x on which they differ
+    asks its ``k`` most similar images in A (cosine of the frozen image features) and the prompt whose label matches
+    a larger share of their (common) labels gets that share. Scores are sums over the disagreements divided by B,
+    so score_a − score_b is in [−1, 1]; (0, 0) when the prompts agree everywhere or nowhere. The referees are
+    neither prompt's own objective nor the zero-shot prompt: labels propagate from images of the same batch.
+    """
+    agree = predictions_a == predictions_b
+    if bool(agree.all()) or not bool(agree.any()):
+        return 0.0, 0.0
+    features = features.detach().float()
+    ref_features, ref_labels = features[agree], predictions_a[agree]
+    similar = (features[~agree] @ ref_features.T).topk(min(k, int(agree.sum())), dim=1).indices  # [|D|, k]
+    votes = ref_labels.to(similar.device)[similar]  # [|D|, k]
+    batch = predictions_a.shape[0]
+    score_a = (votes == predictions_a[~agree].to(votes.device)[:, None]).float().mean(1).sum() / batch
+    score_b = (votes == predictions_b[~agree].to(votes.device)[:, None]).float().mean(1).sum() / batch
+    return float(score_a), float(score_b)
 
 
 def batch_marginal_entropy(logits: Tensor) -> float:
@@ -157,15 +190,19 @@ class OwnPrompt:
         predictions = logits.argmax(-1).cpu()
         received = received_logits.detach()
         hm_own, hm_pre = batch_marginal_entropy(logits), batch_marginal_entropy(received)
+        received_predictions = received.argmax(-1).cpu()
+        vote_received, vote_own = neighbour_votes(features.cpu(), received_predictions, predictions)
         return OwnScore(
             h_own=mean_entropy(logits),
             hm_pre=hm_pre,
             hm_own=hm_own,
+            v_pre=vote_received,
+            v_own=vote_own,
             predictions=predictions,
             stats={
                 "own_marginal_entropy": hm_own,
                 "received_marginal_entropy": hm_pre,
-                "own_agreement": float((predictions == received.argmax(-1).cpu()).float().mean()),
+                "own_agreement": float((predictions == received_predictions).float().mean()),
             },
         )
 
@@ -194,6 +231,7 @@ def with_own_score(adaptation: Adaptation, own: OwnScore | None) -> Adaptation:
     """``adaptation`` with the own prompt's score filled in (unchanged when there is none)."""
     if own is not None:
         adaptation.h_own, adaptation.hm_pre, adaptation.hm_own = own.h_own, own.hm_pre, own.hm_own
+        adaptation.v_pre, adaptation.v_own = own.v_pre, own.v_own
         adaptation.predictions_own = own.predictions
         adaptation.stats.update(own.stats)
     return adaptation
