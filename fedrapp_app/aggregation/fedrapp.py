@@ -24,9 +24,13 @@ also reports how its own last tuned prompt P̃_i(t−1) does on the new batch (`
 batch-mean prediction of the sent and own prompts, ``hm_pre``/``hm_own``: one extra text pass on the client). The
 sent prompt *wins* the round when its score λ_m·H_m − H on the batch is the larger, i.e. when
 (H_own − H_pre) − λ_m·(Hm_own − Hm_pre) > 0 (``trust_marginal`` = λ_m; λ_m = 0 is entropy alone, which an
-overconfident collapse fools: docs/results/personalization.md measures it). Each client carries two trusts in
-[0, 1], for its memory and for its peers, starting at ``trust_memory_init`` / ``trust_peer_init``; a win adds
-κ·(1 − ρ) and a loss takes κ·ρ (κ = ``trust_rate``, ρ = ``trust_memory_target`` / ``trust_peer_target``: the
+overconfident collapse fools: docs/results/personalization.md measures it). A second evidence (``v_pre``/``v_own``,
+``methods.base.neighbour_votes``): where the two prompts label an image differently, its most similar images
+that both label alike vote, and the sent prompt wins when it gets more of their votes; each trust reads a mix,
+sign((1 − w)·information + w·votes) with w = ``trust_memory_votes`` / ``trust_peer_votes`` (0, the default: the
+information gap alone; 1: the votes alone; 0.5: a round counts only where the two agree). Each client carries
+two trusts in [0, 1], for its memory and for its peers, starting at ``trust_memory_init`` / ``trust_peer_init``;
+a win adds κ·(1 − ρ) and a loss takes κ·ρ (κ = ``trust_rate``, ρ = ``trust_memory_target`` / ``trust_peer_target``: the
 share of rounds the sent prompt must win for the trust to hold), ties and missing reports change nothing. Then
 μ_i ← trust_mem,i·μ_i and γ_i ← trust_peer,i·γ_i. A client whose sent prompt always loses reaches trust 0 in
 ⌈1/(κρ)⌉ rounds and is then sent its own upload back: none-fed for it. The trusts are the rule's state
