@@ -159,6 +159,47 @@ class CountingRunCell:
         return self.real(overrides, cell_id, runs_dir, observe)
 
 
+def test_an_interrupted_parallel_grid_cancels_its_queue_and_stops_its_workers(tiny_model, tmp_path, monkeypatch):
+    """Ctrl-C / SIGTERM while cells run in worker processes: leaving the pool must not wait for the queued cells
+    (the executor's ``with`` would run them all), and no worker may outlive the grid."""
+    stopped = []
+    real_stop = grid_module.stop_pool
+
+    def spy(pool, grace=5.0):
+        stopped.append(list(pool._processes.values()))
+        real_stop(pool, grace)
+
+    def interrupted_wait(futures, return_when):
+        raise KeyboardInterrupt  # the signal arrives while the runner waits for its first cell
+
+    monkeypatch.setattr(grid_module, "stop_pool", spy)
+    monkeypatch.setattr(grid_module, "wait", interrupted_wait)
+    runner = BenchRunner(parse_bench(two_cells(tiny_model, tmp_path / "bench")))
+    with pytest.raises(KeyboardInterrupt):
+        runner.run(workers=2, progress=False)
+    assert len(stopped) == 1 and stopped[0]  # the workers had started
+    assert not any(process.is_alive() for process in stopped[0])
+    assert read_rows(runner.bench_dir) == []
+
+
+def test_stop_pool_cancels_queued_tasks_and_kills_running_ones():
+    import multiprocessing
+    import time
+    from concurrent.futures import ProcessPoolExecutor
+
+    pool = ProcessPoolExecutor(2, mp_context=multiprocessing.get_context("spawn"))
+    futures = [pool.submit(time.sleep, 120) for _ in range(4)]
+    deadline = time.monotonic() + 60
+    while not all(f.running() for f in futures[:2]) and time.monotonic() < deadline:
+        time.sleep(0.1)  # two sleep in the workers, two are queued
+    processes = list(pool._processes.values())
+    started = time.monotonic()
+    grid_module.stop_pool(pool, grace=5.0)
+    assert time.monotonic() - started < 15
+    assert processes and not any(process.is_alive() for process in processes)
+    assert all(f.cancelled() for f in futures[2:])
+
+
 def run_bench(source: dict, monkeypatch, wrapper: CountingRunCell) -> BenchRunner:
     monkeypatch.setattr(grid_module, "run_cell", wrapper)
     runner = BenchRunner(parse_bench(source))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
 from pathlib import Path
 from typing import Any
@@ -22,6 +23,10 @@ def parse_assignments(items: list[str]) -> dict[str, Any]:
             raise BenchError(f"--set {item!r}: expected KEY=VALUE, e.g. --set data-dir=/data/coop")
         out[key.strip()] = yaml.safe_load(value) if value.strip() else ""
     return out
+
+
+def _interrupt(signum: int, _frame: Any) -> None:
+    raise KeyboardInterrupt(signal.Signals(signum).name)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -61,6 +66,10 @@ def main(argv: list[str] | None = None) -> int:
         for cell in pending:
             print(f"  {cell.id}: {cell.overrides}")
         return 0
+    # SIGTERM (kill, a batch system) and a SIGINT the shell had set to be ignored (a background job) stop the grid
+    # like Ctrl-C: the queued cells are cancelled, the workers stopped, the finished rows kept
+    previous = {signal.SIGTERM: signal.signal(signal.SIGTERM, _interrupt)}
+    previous[signal.SIGINT] = signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         rows = runner.run(workers=args.workers, threads=args.threads or None, limit=args.limit)
     except BenchError as err:
@@ -69,6 +78,9 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(f"interrupted: {len(runner.rows)} cells have rows; run the same command again to resume", file=sys.stderr)
         return 130
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
     if not args.no_report and rows:
         from fedrapp_app.bench.report import write_report
 

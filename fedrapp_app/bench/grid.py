@@ -121,6 +121,21 @@ def _worker_init(threads: int | None) -> None:
     set_threads(threads)
 
 
+def stop_pool(pool: ProcessPoolExecutor, grace: float = 5.0) -> None:
+    """Cancel a pool's queued tasks and stop its workers: SIGTERM, up to ``grace`` seconds, then SIGKILL."""
+    processes = list(getattr(pool, "_processes", {}).values())  # the executor has no public handle on them
+    pool.shutdown(wait=False, cancel_futures=True)
+    for process in processes:
+        if process.is_alive():
+            process.terminate()
+    deadline = time.monotonic() + grace
+    for process in processes:
+        process.join(max(0.0, deadline - time.monotonic()))
+        if process.is_alive():
+            process.kill()
+            process.join(1.0)
+
+
 def _run_in_worker(overrides: dict[str, Any], cell_id: str, runs_dir: str) -> CellResult:
     return run_cell(overrides, cell_id, Path(runs_dir))
 
@@ -264,7 +279,8 @@ class BenchRunner:
     def _run_parallel(self, todo: list[Cell], workers: int, threads: int | None, bar: tqdm) -> None:
         # spawn: a fresh interpreter per worker (fork after torch has started threads is unsafe)
         context = multiprocessing.get_context("spawn")
-        with ProcessPoolExecutor(workers, mp_context=context, initializer=_worker_init, initargs=(threads,)) as pool:
+        pool = ProcessPoolExecutor(workers, mp_context=context, initializer=_worker_init, initargs=(threads,))
+        try:
             running: dict[Future, Cell] = {
                 pool.submit(_run_in_worker, dict(c.overrides), c.id, str(self.runs_dir)): c for c in todo
             }
@@ -278,6 +294,12 @@ class BenchRunner:
                         self._failed(cell, err)
                     bar.set_postfix_str(cell.id)
                     bar.update()
+        except BaseException:
+            # Ctrl-C / SIGTERM (or a bug here): leaving the pool's ``with`` would wait for every queued cell to
+            # run; cancel them and stop the workers now. Finished cells already have their rows.
+            stop_pool(pool)
+            raise
+        pool.shutdown()
 
     def _failed(self, cell: Cell, err: BaseException) -> None:
         self.failures[cell.id] = f"{type(err).__name__}: {err}"
