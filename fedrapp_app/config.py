@@ -298,6 +298,14 @@ KEYS: tuple[Key, ...] = (
         maximum=1.0,
     ),
     Key(
+        "trust-vote-tie",
+        0.0,
+        "FedRAPP trust option (ours): what a round with equal neighbour votes counts as (0 = no evidence; -1 = a "
+        "loss for the sent prompt: it changed no image's label for the better)",
+        minimum=-1.0,
+        maximum=0.0,
+    ),
+    Key(
         "fedamp-sigma",
         1.0,
         "FedAMP kernel scale sigma of exp(-||Pi - Pj||^2 / sigma)",
@@ -466,6 +474,7 @@ RULE_KEYS: dict[str, dict[str, str]] = {
         "trust-marginal": "trust_marginal",
         "trust-memory-votes": "trust_memory_votes",
         "trust-peer-votes": "trust_peer_votes",
+        "trust-vote-tie": "trust_vote_tie",
     },
     "none-fed": {},
     "fedavg": {},

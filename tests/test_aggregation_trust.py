@@ -222,6 +222,7 @@ def test_the_neighbour_vote_is_its_own_evidence_and_half_weight_needs_both() -> 
     assert combined_evidence(information, votes, 0.0).tolist() == information.tolist()
     assert combined_evidence(information, votes, 1.0).tolist() == votes.tolist()
     assert combined_evidence(information, votes, 0.5).tolist() == [1.0, 0.0, 1.0, 1.0]  # a disagreement is a tie
+    assert vote_evidence(own, replied, tie=-1.0).tolist() == [1.0, -1.0, 0.0, -1.0]  # a tie as a loss; NaN: none
     no_votes = OwnPromptSignals(h_own=own.h_own, hm_pre=own.hm_pre, hm_own=own.hm_own)
     assert vote_evidence(no_votes, replied).tolist() == [0.0] * 4
 

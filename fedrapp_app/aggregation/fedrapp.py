@@ -103,6 +103,9 @@ class FedRAPPParams(RuleParams):
         "ours: the memory trust's evidence, 0 = the information gap, 1 = the neighbour vote, 0.5 = both agree",
     )
     trust_peer_votes: float = param(0.0, UNIT, "ours: the same for the peer trust")
+    trust_vote_tie: float = param(
+        0.0, Interval(-1.0, 0.0), "ours: the vote evidence of a round the votes tie (0: none; −1: a loss for the sent)"
+    )
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -257,14 +260,16 @@ def trust_evidence(
     return np.where(known & (np.abs(safe) > EVIDENCE_RTOL * np.where(known, scale, 0.0)), np.sign(safe), 0.0)
 
 
-def vote_evidence(own: OwnPromptSignals, replied: NDArray[np.bool_]) -> NDArray[np.float64]:
+def vote_evidence(own: OwnPromptSignals, replied: NDArray[np.bool_], tie: float = 0.0) -> NDArray[np.float64]:
     """Per client [N]: +1 where the images' neighbours side with the sent prompt (V_pre > V_own), −1 where they
-    side with the own one, 0 without evidence (no reply, nothing reported, equal votes, no disagreement)."""
+    side with the own one, ``tie`` where the votes are equal (the two prompts label the batch alike, or get as
+    many votes: 0 = no evidence; −1 = the sent prompt did not earn its place, a loss), 0 without a report."""
     if own.v_pre is None or own.v_own is None:
         return np.zeros(replied.shape[0])
     gap = own.v_pre - own.v_own
     known = replied & np.isfinite(gap)
-    return np.where(known, np.sign(np.where(known, gap, 0.0)), 0.0)
+    safe = np.where(known, gap, 0.0)
+    return np.where(known, np.where(safe == 0, tie, np.sign(safe)), 0.0)
 
 
 def combined_evidence(
@@ -311,7 +316,7 @@ def round_trusts(
     """This round's memory and peer trusts [N] each: the previous ones moved by this round's evidence (each
     trust's own mix of the information gap and the neighbour vote)."""
     information = trust_evidence(h_pre, own, replied, p.trust_marginal)
-    votes = vote_evidence(own, replied)
+    votes = vote_evidence(own, replied, p.trust_vote_tie)
     before = previous_trusts(state, replied.shape[0], p)
     targets = {"trust-memory": p.trust_memory_target, "trust-peers": p.trust_peer_target}
     weights = {"trust-memory": p.trust_memory_votes, "trust-peers": p.trust_peer_votes}
