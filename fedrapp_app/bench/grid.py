@@ -131,9 +131,12 @@ def stop_pool(pool: ProcessPoolExecutor, grace: float = 5.0) -> None:
     deadline = time.monotonic() + grace
     for process in processes:
         process.join(max(0.0, deadline - time.monotonic()))
-        if process.is_alive():
-            process.kill()
-            process.join(1.0)
+    deadline = time.monotonic() + grace
+    while any(process.is_alive() for process in processes) and time.monotonic() < deadline:
+        for process in processes:
+            if process.is_alive():
+                process.kill()
+                process.join(0.5)
 
 
 def _run_in_worker(overrides: dict[str, Any], cell_id: str, runs_dir: str) -> CellResult:
