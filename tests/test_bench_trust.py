@@ -16,6 +16,7 @@ from fedrapp_app.bench.trust import (
     honesty,
     main,
     own_prompt_pairs,
+    trust_summary_markdown,
 )
 
 
@@ -152,3 +153,12 @@ def test_the_report_writes_its_tables_and_figures(tmp_path):
         with Image.open(tmp_path / "out" / name) as image:
             assert image.size[0] > 300
     assert main([str(tmp_path / "empty")]) == 2
+
+
+def test_the_trust_summary_pools_every_client_round_and_counts_the_votes():
+    e, dm, dacc = [0.1, 0.1, 0.1], [0.0, 0.0, 0.0], [0.0, 0.0, 0.0]
+    block = own_block("blur", e, dm, dacc, trust=True, nb=[0.1, 0.0, -0.1])  # a win, a tie, a loss
+    text = trust_summary_markdown(settings_of([row("trust", "fedrapp", 0, 0.5, {"0": block})]))
+    # memory trust 1, 0.5, 0.5, 0.5 -> 0.62; peers all 1; votes: 1 win, 1 tie of 3
+    assert "| S1, im, trust | 0.62 | 1.00 | 33% | 33% |" in text
+    assert trust_summary_markdown(settings_of([row("none-fed", "none-fed", 0, 0.5, {})])) == ""

@@ -188,6 +188,33 @@ def honesty_markdown(settings: Sequence[Setting]) -> str:
     return out.getvalue()
 
 
+def trust_summary_markdown(settings: Sequence[Setting]) -> str:
+    """Per setting of a trust-option grid: the mean memory and peer trust over clients and rounds, and (where the
+    clients reported neighbour votes) the share of rounds the votes side with the sent prompt and the share of ties."""
+    out = io.StringIO()
+    for s in settings:
+        memory, peers, wins, ties = [], [], [], []
+        for block in (b for row in s.rows for b in row.get("clients", {}).values()):
+            memory += [x for x in block.get("trust_memory", []) if x is not None]
+            peers += [x for x in block.get("trust_peers", []) if x is not None]
+            votes = [
+                (a, b) for a, b in zip(block.get("v_pre", []), block.get("v_own", []), strict=False) if a is not None
+            ]
+            wins += [a > b for a, b in votes]
+            ties += [a == b for a, b in votes]
+        if not memory:
+            continue
+        label = ", ".join(s.labels[a] for a in s.labels)
+        vote = f"{100 * np.mean(wins):.0f}% | {100 * np.mean(ties):.0f}%" if wins else "– | –"
+        out.write(f"| {label} | {np.mean(memory):.2f} | {np.mean(peers):.2f} | {vote} |\n")
+    if not out.getvalue():
+        return ""
+    head = (
+        "| setting | memory trust | peer trust | votes side with the sent prompt | vote ties |\n|---|---|---|---|---|\n"
+    )
+    return head + out.getvalue()
+
+
 def goal_markdown(settings: Sequence[Setting], rules: Sequence[str] | None = None) -> str:
     """Per (context, method) of a [method, rule] grid: each rule's accuracy, and paired gaps to none-fed and FedAvg.
 
@@ -421,6 +448,11 @@ def write_trust(bench_dir: str | Path, out_dir: str | Path | None = None) -> Pat
             figure = signal_figure(members, f"{grid}: Δacc against each candidate signal", out / f"signal-{grid}.png")
             if figure is not None:
                 text.write(f"![signal {grid}]({figure.name})\n\n")
+        summary = trust_summary_markdown(members)
+        if summary:
+            text.write(
+                "Trusts (mean over clients, rounds and seeds) and the neighbour votes' verdicts:\n\n" + summary + "\n"
+            )
         traces = trust_figure(members, f"{grid}: trusts per client and round (all seeds)", out / f"trust-{grid}.png")
         if traces is not None:
             text.write(f"![trusts {grid}]({traces.name})\n\n")
