@@ -306,6 +306,28 @@ KEYS: tuple[Key, ...] = (
         maximum=0.0,
     ),
     Key(
+        "trust-memory-ramp",
+        0.0,
+        "FedRAPP trust option (ours): 0 = the memory trust moves by steps (trust-rate, trust-memory-target); w > 0 = "
+        "it is a ramp of the client's share of rounds won, 0 below trust-memory-target - w/2 and 1 above + w/2",
+        minimum=0.0,
+        maximum=1.0,
+    ),
+    Key(
+        "trust-peer-ramp",
+        0.0,
+        "FedRAPP trust option (ours): the same for the peer trust",
+        minimum=0.0,
+        maximum=1.0,
+    ),
+    Key(
+        "trust-pool",
+        4.0,
+        "FedRAPP trust option (ours), ramps only: a client's share of rounds won counts this many rounds more, at "
+        "the share of all clients (0 = its own rounds alone)",
+        minimum=0.0,
+    ),
+    Key(
         "fedamp-sigma",
         1.0,
         "FedAMP kernel scale sigma of exp(-||Pi - Pj||^2 / sigma)",
@@ -475,6 +497,9 @@ RULE_KEYS: dict[str, dict[str, str]] = {
         "trust-memory-votes": "trust_memory_votes",
         "trust-peer-votes": "trust_peer_votes",
         "trust-vote-tie": "trust_vote_tie",
+        "trust-memory-ramp": "trust_memory_ramp",
+        "trust-peer-ramp": "trust_peer_ramp",
+        "trust-pool": "trust_pool",
     },
     "none-fed": {},
     "fedavg": {},

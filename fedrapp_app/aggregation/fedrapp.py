@@ -36,6 +36,16 @@ share of rounds the sent prompt must win for the trust to hold), ties and missin
 ⌈1/(κρ)⌉ rounds and is then sent its own upload back: none-fed for it. The trusts are the rule's state
 (``RoundOutput.state``), checkpointed by the strategy; they read no label.
 
+Ramp (ours, a second way to turn evidence into a trust; ``trust_memory_ramp`` / ``trust_peer_ramp`` = w > 0 for that
+trust, 0 = the steps above): the trust is a ramp of the client's estimated win share ŝ_i, clip((ŝ_i − ρ)/w + ½, 0, 1),
+0 below ρ − w/2 and 1 above ρ + w/2. The win share counts the rounds with evidence (wins W_i of rounds n_i) and is
+shrunk towards all clients' share with ``trust_pool`` = n₀ pseudo-rounds: ŝ_i = (W_i + n₀·ŝ)/(n_i + n₀), where
+ŝ = (ΣW + n₀·s₀)/(Σn + n₀) and s₀ = ρ + w·(init − ½) is the share whose ramp is the initial trust. Why: with
+κ = 1 the stepped trust averages the share of rounds won, so a client whose sent prompt wins half its rounds
+keeps about half its memory; the ramp gives it all of it, and nothing to a client that wins a share below
+ρ − w/2, and ten rounds of one client are few, which the pooling makes up for (docs/results/personalization.md).
+κ > 0 still turns the option on; a ramped trust does not read it.
+
 Choices where SPEC leaves room (also in the report to the lead):
 
 - Step 4 applies to replying clients outside U_t too (r = 0, so μ = μ0): their upload equals what they
@@ -105,6 +115,15 @@ class FedRAPPParams(RuleParams):
     trust_peer_votes: float = param(0.0, UNIT, "ours: the same for the peer trust")
     trust_vote_tie: float = param(
         0.0, Interval(-1.0, 0.0), "ours: the vote evidence of a round the votes tie (0: none; −1: a loss for the sent)"
+    )
+    trust_memory_ramp: float = param(
+        0.0,
+        UNIT,
+        "ours: 0 = the memory trust moves by steps; w > 0 = it ramps from 0 to 1 as the win share crosses ρ ± w/2",
+    )
+    trust_peer_ramp: float = param(0.0, UNIT, "ours: the same for the peer trust")
+    trust_pool: float = param(
+        4.0, NON_NEGATIVE, "ours, ramps only: pseudo-rounds at all clients' win share added to each client's own"
     )
 
     def __post_init__(self) -> None:
@@ -291,19 +310,81 @@ def updated_trust(
     return np.clip(trust + rate * step, 0.0, 1.0)
 
 
+@dataclass(frozen=True)
+class TrustSetting:
+    """How one trust (memory or peers) is made: its initial value, target win share ρ, weight of the neighbour
+    vote in its evidence and ramp width (0: steps)."""
+
+    init: float
+    target: float
+    votes: float
+    ramp: float
+
+    @property
+    def initial_share(self) -> float:
+        """s₀: the win share whose ramp is the initial trust (ramps only)."""
+        return float(np.clip(self.target + self.ramp * (self.init - 0.5), 0.0, 1.0))
+
+
+def trust_settings(p: FedRAPPParams) -> dict[str, TrustSetting]:
+    """The two trusts' settings, by their names in :data:`TRUSTS`."""
+    return {
+        "trust-memory": TrustSetting(
+            p.trust_memory_init, p.trust_memory_target, p.trust_memory_votes, p.trust_memory_ramp
+        ),
+        "trust-peers": TrustSetting(p.trust_peer_init, p.trust_peer_target, p.trust_peer_votes, p.trust_peer_ramp),
+    }
+
+
 def previous_trusts(state: Mapping[str, ArrayLike] | None, n: int, p: FedRAPPParams) -> dict[str, NDArray[np.float64]]:
     """The trusts a rule's state carries, [N] each (every client at its initial trust when there are none yet)."""
     out = {}
-    initial = {"trust-memory": p.trust_memory_init, "trust-peers": p.trust_peer_init}
-    for name in TRUSTS:
+    for name, setting in trust_settings(p).items():
         if state is None or name not in state:
-            out[name] = np.full(n, initial[name])
+            out[name] = np.full(n, setting.init)
             continue
         trust = np.asarray(state[name], dtype=np.float64)
         if trust.shape != (n,) or not np.all((trust >= 0) & (trust <= 1)):
             raise ValueError(f"state[{name!r}] must hold {n} values in [0, 1], got {trust!r}")
         out[name] = trust
     return out
+
+
+def previous_counts(
+    state: Mapping[str, ArrayLike] | None, name: str, n: int
+) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
+    """A ramped trust's counts from the rule's state, [N] each: the rounds its client's sent prompt won and the
+    rounds with evidence (zeros when there are none yet)."""
+    counts = []
+    for kind in ("wins", "rounds"):
+        key = f"{name}-{kind}"
+        value = np.zeros(n) if state is None or key not in state else np.asarray(state[key], dtype=np.float64)
+        if value.shape != (n,) or not np.all(np.isfinite(value) & (value >= 0)):
+            raise ValueError(f"state[{key!r}] must hold {n} counts >= 0, got {value!r}")
+        counts.append(value)
+    wins, rounds = counts
+    if np.any(wins > rounds):
+        raise ValueError(
+            f"state[{name + '-wins'!r}] exceeds state[{name + '-rounds'!r}] in row(s) "
+            f"{np.flatnonzero(wins > rounds)[:10].tolist()}"
+        )
+    return wins, rounds
+
+
+def pooled_win_share(
+    wins: NDArray[np.float64], rounds: NDArray[np.float64], prior: float, pool: float
+) -> NDArray[np.float64]:
+    """Each client's estimated win share [N]: ŝ_i = (W_i + n₀·ŝ)/(n_i + n₀), shrunk towards all clients' share
+    ŝ = (ΣW + n₀·s₀)/(Σn + n₀) with n₀ = ``pool`` and s₀ = ``prior`` (s₀ where nothing is counted at all)."""
+    total = float(rounds.sum()) + pool
+    population = (float(wins.sum()) + pool * prior) / total if total > 0 else prior
+    counted = rounds + pool
+    return np.divide(wins + pool * population, counted, out=np.full_like(wins, population), where=counted > 0)
+
+
+def ramped_trust(share: NDArray[np.float64], target: float, ramp: float) -> NDArray[np.float64]:
+    """clip((share − ρ)/w + ½, 0, 1) [N]: 0 below ρ − w/2, 1 above ρ + w/2, linear between (w = ``ramp`` > 0)."""
+    return np.clip((share - target) / ramp + 0.5, 0.0, 1.0)
 
 
 def round_trusts(
@@ -314,18 +395,25 @@ def round_trusts(
     p: FedRAPPParams,
 ) -> dict[str, NDArray[np.float64]]:
     """This round's memory and peer trusts [N] each: the previous ones moved by this round's evidence (each
-    trust's own mix of the information gap and the neighbour vote)."""
+    trust's own mix of the information gap and the neighbour vote), by steps or, for a ramped trust, the ramp of
+    the pooled win share; a ramped trust also returns its counts ("<name>-wins", "<name>-rounds") for the state.
+    Clients that did not reply keep their trusts and counts."""
     information = trust_evidence(h_pre, own, replied, p.trust_marginal)
     votes = vote_evidence(own, replied, p.trust_vote_tie)
-    before = previous_trusts(state, replied.shape[0], p)
-    targets = {"trust-memory": p.trust_memory_target, "trust-peers": p.trust_peer_target}
-    weights = {"trust-memory": p.trust_memory_votes, "trust-peers": p.trust_peer_votes}
-    return {
-        name: updated_trust(
-            before[name], combined_evidence(information, votes, weights[name]), targets[name], p.trust_rate
-        )
-        for name in TRUSTS
-    }
+    n = replied.shape[0]
+    before = previous_trusts(state, n, p)
+    out = {}
+    for name, setting in trust_settings(p).items():
+        evidence = combined_evidence(information, votes, setting.votes)  # 0 for clients that did not reply
+        if setting.ramp == 0:
+            out[name] = updated_trust(before[name], evidence, setting.target, p.trust_rate)
+            continue
+        wins, rounds = previous_counts(state, name, n)
+        wins, rounds = wins + (evidence > 0), rounds + (evidence != 0)
+        share = pooled_win_share(wins, rounds, setting.initial_share, p.trust_pool)
+        out[name] = np.where(replied, ramped_trust(share, setting.target, setting.ramp), before[name])
+        out[f"{name}-wins"], out[f"{name}-rounds"] = wins, rounds
+    return out
 
 
 def personalized_prompts(
