@@ -16,6 +16,8 @@ from fedrapp_app.aggregation.fedrapp import (
     OwnPromptSignals,
     combined_evidence,
     own_prompt_signals,
+    pooled_win_share,
+    ramped_trust,
     trust_evidence,
     updated_trust,
     vote_evidence,
@@ -274,3 +276,115 @@ def test_the_bound_rule_hands_the_reports_and_the_state_to_fedrapp_only() -> Non
         state=out.state,
     )
     assert fedavg.state == {}
+
+
+# ------------------------------------------------------------------------------------------------- the ramp
+RAMP = {
+    "trust_rate": 1.0,
+    "trust_memory_init": 0.0,
+    "trust_memory_target": 0.225,
+    "trust_memory_ramp": 0.15,
+    "trust_peer_target": 0.3,
+    "trust_peer_ramp": 0.2,
+}
+
+
+@settings(max_examples=200, deadline=None)
+@given(share=st.floats(0, 1), target=st.floats(0, 1), ramp=st.floats(0.01, 1))
+def test_the_ramp_is_zero_below_one_above_and_linear_between(share, target, ramp) -> None:
+    trust = ramped_trust(np.array([share]), target, ramp)[0]
+    if share <= target - ramp / 2:
+        assert trust == 0.0
+    elif share >= target + ramp / 2:
+        assert trust == 1.0
+    else:
+        assert trust == pytest.approx((share - (target - ramp / 2)) / ramp)
+
+
+def test_the_win_share_is_each_clients_own_without_pooling_and_all_clients_with_much() -> None:
+    wins, rounds = np.array([0.0, 3.0, 1.0, 0.0]), np.array([4.0, 4.0, 2.0, 0.0])
+    alone = pooled_win_share(wins, rounds, prior=0.1, pool=0.0)
+    assert alone.tolist() == [0.0, 0.75, 0.5, 0.4]  # a client without evidence gets all clients' share, 4/10
+    pooled = pooled_win_share(wins, rounds, prior=0.1, pool=1e12)
+    np.testing.assert_allclose(pooled, 0.1, atol=1e-9)  # a pool that large is the prior for everyone
+    # by hand, n0 = 2: all clients' share (4 + 2·0.1)/(10 + 2) = 0.35; client 1: (3 + 2·0.35)/(4 + 2)
+    np.testing.assert_allclose(pooled_win_share(wins, rounds, 0.1, 2.0)[1], (3 + 0.7) / 6)
+    assert pooled_win_share(np.zeros(3), np.zeros(3), prior=0.2, pool=0.0).tolist() == [0.2] * 3
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_a_ramped_client_whose_sent_prompt_always_loses_ends_none_fed(seed) -> None:
+    """The even clients win every round, the odd ones lose every round: all clients' share is 1/2, and a loser's
+    own rounds soon outweigh the pool, so both its trusts reach 0; a winner's stay at 1."""
+    rng = np.random.default_rng(seed)
+    n, loser = 6, 3
+    p = FedRAPPParams(**RAMP)
+    memory, sent = (synthetic_round(rng, n, 16)[k] for k in ("memory", "sent"))
+    state = None
+    for _ in range(30):
+        kw = next_round(rng, memory, sent, reply_prob=1.0)
+        win = np.arange(n) % 2 == 0
+        out = fedrapp_round(**kw, params=p, **own_reports(rng, kw, win), state=state)
+        memory, sent, state = out.memory, out.personalized, out.state
+    d = out.diagnostics
+    assert d.trust_memory[loser] == d.trust_peers[loser] == 0.0
+    assert d.mu[loser] == 0.0 and d.gamma[loser] == 0.0
+    assert np.array_equal(out.personalized[loser], kw["tuned"][loser])
+    assert d.trust_memory[0] == d.trust_peers[0] == 1.0  # a client that always wins keeps all of both
+    assert state["trust-memory-rounds"].tolist() == [30.0] * n and state["trust-memory-wins"].tolist() == [30, 0] * 3
+
+
+def test_a_ramped_trust_is_the_ramp_of_the_pooled_share_by_hand() -> None:
+    """One round, five clients: two win, three lose (information evidence), memory ramp 0.15-0.30 from 0."""
+    rng = np.random.default_rng(5)
+    kw = synthetic_round(rng, 5, 6, reply_prob=1.0)
+    win = np.array([True, False, False, True, False])
+    out = fedrapp_round(**kw, params=FedRAPPParams(**RAMP), **own_reports(rng, kw, win))
+    population = (2 + 4 * 0.15) / (5 + 4)  # s₀ = 0.225 + 0.15·(0 − ½) = 0.15, n₀ = 4 (the default pool)
+    share = (win + 4 * population) / (1 + 4)
+    np.testing.assert_allclose(out.state["trust-memory"], np.clip((share - 0.225) / 0.15 + 0.5, 0, 1))
+    assert out.state["trust-memory-wins"].tolist() == win.astype(float).tolist()
+    assert out.state["trust-memory-rounds"].tolist() == [1.0] * 5
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_ramped_trusts_permute_with_the_clients_and_absent_ones_keep_theirs(seed) -> None:
+    rng = np.random.default_rng(seed)
+    kw = next_round(rng, *(synthetic_round(rng, 9, 21)[k] for k in ("memory", "sent")), reply_prob=0.7)
+    own = own_reports(rng, kw)
+    rounds = rng.integers(0, 6, 9).astype(float)
+    state = {name: rng.uniform(0, 1, 9) for name in TRUSTS}
+    for name in TRUSTS:
+        state[f"{name}-rounds"] = rounds
+        state[f"{name}-wins"] = np.floor(rounds * rng.uniform(0, 1, 9))
+    p = FedRAPPParams(**RAMP)
+    out = fedrapp_round(**kw, params=p, **own, state=state)
+    perm = rng.permutation(9)
+    permuted = fedrapp_round(
+        **{k: v[perm] for k, v in kw.items()},
+        params=p,
+        **{k: v[perm] for k, v in own.items()},
+        state={k: v[perm] for k, v in state.items()},
+    )
+    assert set(out.state) == set(state)
+    for name, value in out.state.items():
+        np.testing.assert_allclose(permuted.state[name], value[perm], atol=1e-12)
+        absent = ~kw["replied"]
+        assert np.array_equal(value[absent], state[name][absent])
+    np.testing.assert_allclose(permuted.personalized, out.personalized[perm], rtol=1e-6, atol=1e-9)
+
+
+def test_bad_ramp_counts_are_refused_with_their_name() -> None:
+    rng = np.random.default_rng(1)
+    kw = synthetic_round(rng, 3, 4, reply_prob=1.0)
+    p = FedRAPPParams(**RAMP)
+    with pytest.raises(ValueError, match="trust-memory-rounds"):
+        fedrapp_round(**kw, params=p, state={"trust-memory-rounds": np.array([1.0, -1.0, 0.0])})
+    with pytest.raises(ValueError, match="trust-memory-wins.*exceeds"):
+        fedrapp_round(
+            **kw,
+            params=p,
+            state={"trust-memory-wins": np.array([2.0, 0, 0]), "trust-memory-rounds": np.array([1.0, 0, 0])},
+        )
+    with pytest.raises(ValueError, match="trust_pool"):
+        make_params("fedrapp", {"trust_pool": -1.0})

@@ -25,6 +25,8 @@ from federation import (
 
 #: The trust option with a step large enough to move the trusts within the test's few rounds.
 TRUST = {"trust-rate": 0.5, "trust-memory-target": 0.5, "trust-peer-target": 0.2}
+#: Both trusts as ramps of the pooled win share (wide, so that any evidence moves them).
+RAMPS = {"trust-rate": 1.0, "trust-memory-ramp": 0.8, "trust-peer-ramp": 0.8, "trust-memory-target": 0.5}
 
 
 @pytest.fixture(scope="module")
@@ -58,14 +60,19 @@ def test_the_trust_option_runs_and_scales_mu_and_gamma(testbed_tiny, tmp_path):
     assert any(r["trust_memory"] < 1.0 for r in rows)  # evidence arrived and moved a trust
 
 
-def test_a_resumed_trust_run_gives_the_same_results(testbed_tiny, tmp_path):
-    """The trusts are server state: checkpointed after every round and restored on resume."""
-    base = small_run(testbed_tiny, tmp_path, **{"num-rounds": 4}, **TRUST)
+@pytest.mark.parametrize(
+    ("option", "carried"),
+    [(TRUST, set()), (RAMPS, {"trust-memory-wins", "trust-memory-rounds", "trust-peers-wins", "trust-peers-rounds"})],
+    ids=["steps", "ramps"],
+)
+def test_a_resumed_trust_run_gives_the_same_results(testbed_tiny, tmp_path, option, carried):
+    """The trusts (and a ramp's counts) are server state: checkpointed after every round and restored on resume."""
+    base = small_run(testbed_tiny, tmp_path, **{"num-rounds": 4}, **option)
     whole, whole_grid, _ = run_federation({**base, "run-name": "whole"})
 
     def stop_after_round_2(round_number: int, strategy) -> None:
         if round_number == 2:
-            assert set(strategy.state.rule_state) == {"trust-memory", "trust-peers"}
+            assert set(strategy.state.rule_state) == {"trust-memory", "trust-peers"} | carried
             raise KeyboardInterrupt("stopped after round 2")
 
     cut = {**base, "run-name": "cut"}
@@ -77,18 +84,21 @@ def test_a_resumed_trust_run_gives_the_same_results(testbed_tiny, tmp_path):
     assert all(np.array_equal(resumed_grid.sent[k], whole_grid.sent[k]) for k in resumed_grid.sent)
 
 
-@pytest.mark.parametrize("votes", [0.0, 1.0], ids=["information", "neighbour-votes"])
-def test_labels_never_reach_a_trust(testbed_tiny, tmp_path, monkeypatch, votes):
+@pytest.mark.parametrize(
+    ("option", "votes"), [(TRUST, 0.0), (TRUST, 1.0), (RAMPS, 1.0)], ids=["information", "neighbour-votes", "ramps"]
+)
+def test_labels_never_reach_a_trust(testbed_tiny, tmp_path, monkeypatch, option, votes):
     """Permuting the labels of every stream changes the scores, not one prompt nor one trust (whichever evidence
-    the trusts read)."""
-    evidence = {"trust-memory-votes": votes, "trust-peer-votes": votes}
-    config = small_run(testbed_tiny, tmp_path / "a", **{"num-rounds": 3}, **TRUST, **evidence)
+    the trusts read, by steps or by ramps)."""
+    evidence = {"trust-memory-votes": votes, "trust-peer-votes": votes, "trust-vote-tie": -1.0 * votes}
+    config = small_run(testbed_tiny, tmp_path / "a", **{"num-rounds": 3}, **option, **evidence)
     base, grid_a, _ = run_federation(config)
     permute_labels(monkeypatch, len(world.CLASSNAMES), seed=3)
     other, grid_b, _ = run_federation({**config, "output-dir": str(tmp_path / "b")})
     assert all(np.array_equal(grid_a.sent[k], grid_b.sent[k]) for k in grid_a.sent)
     trusts = [[(r["trust_memory"], r["trust_peers"]) for r in read_rows(s["run_dir"])] for s in (base, other)]
     assert trusts[0] == trusts[1] and base["micro_accuracy"] != other["micro_accuracy"]
+    assert len(set(trusts[0])) > 1  # the trusts moved: the evidence arrived
 
 
 @pytest.mark.slow
