@@ -91,7 +91,8 @@ def test_labels_never_reach_a_trust(testbed_tiny, tmp_path, monkeypatch, option,
     """Permuting the labels of every stream changes the scores, not one prompt nor one trust (whichever evidence
     the trusts read, by steps or by ramps)."""
     evidence = {"trust-memory-votes": votes, "trust-peer-votes": votes, "trust-vote-tie": -1.0 * votes}
-    config = small_run(testbed_tiny, tmp_path / "a", **{"num-rounds": 3}, **option, **evidence)
+    rounds = {"num-rounds": 3, "trust-memory-init": 0.5}  # a memory trust from 0.5: any evidence moves it
+    config = small_run(testbed_tiny, tmp_path / "a", **rounds, **option, **evidence)
     base, grid_a, _ = run_federation(config)
     permute_labels(monkeypatch, len(world.CLASSNAMES), seed=3)
     other, grid_b, _ = run_federation({**config, "output-dir": str(tmp_path / "b")})
