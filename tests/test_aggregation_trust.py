@@ -93,21 +93,37 @@ def test_a_client_whose_sent_prompt_always_loses_ends_none_fed(seed) -> None:
     rng = np.random.default_rng(seed)
     n, loser = 6, 2
     p = FedRAPPParams(**ON)
-    memory, sent = (synthetic_round(rng, n, 16)[k] for k in ("memory", "sent"))
     rounds_to_zero = math.ceil(1 / (p.trust_rate * min(p.trust_memory_target, p.trust_peer_target)))
-    state = None
-    for _ in range(rounds_to_zero + 3):
-        kw = next_round(rng, memory, sent, reply_prob=1.0)
+
+    def wins(rng: np.random.Generator) -> np.ndarray:
         win = rng.random(n) < 0.5
         win[loser] = False
-        out = fedrapp_round(**kw, params=p, **own_reports(rng, kw, win), state=state)
+        return win
+
+    out, kw, _ = play_rounds(rng, p, n, rounds_to_zero + 3, wins)
+    assert_none_fed(out, kw, loser)
+
+
+def play_rounds(rng: np.random.Generator, p: FedRAPPParams, n: int, rounds: int, wins) -> tuple:
+    """``rounds`` rounds of n replying clients whose sent prompt wins where ``wins(rng)`` [n] says so: the last
+    round's output and inputs, and the rule's state after it."""
+    memory, sent = (synthetic_round(rng, n, 16)[k] for k in ("memory", "sent"))
+    state = None
+    for _ in range(rounds):
+        kw = next_round(rng, memory, sent, reply_prob=1.0)
+        out = fedrapp_round(**kw, params=p, **own_reports(rng, kw, wins(rng)), state=state)
         memory, sent, state = out.memory, out.personalized, out.state
+    return out, kw, state
+
+
+def assert_none_fed(out, kw: dict, client: int) -> None:
+    """Both of ``client``'s trusts, its μ and its γ are 0: its memory is its upload and it is sent its upload back,
+    bit for bit."""
     d = out.diagnostics
-    assert d.trust_memory[loser] == d.trust_peers[loser] == 0.0
-    assert d.mu[loser] == 0.0 and d.gamma[loser] == 0.0
-    # none-fed for it: its memory is its upload and it is sent its upload back, bit for bit
-    assert np.array_equal(out.memory[loser], kw["tuned"][loser])
-    assert np.array_equal(out.personalized[loser], kw["tuned"][loser])
+    assert d.trust_memory[client] == d.trust_peers[client] == 0.0
+    assert d.mu[client] == 0.0 and d.gamma[client] == 0.0
+    assert np.array_equal(out.memory[client], kw["tuned"][client])
+    assert np.array_equal(out.personalized[client], kw["tuned"][client])
 
 
 def test_a_trust_at_zero_stays_there_without_new_evidence() -> None:
@@ -316,21 +332,12 @@ def test_the_win_share_is_each_clients_own_without_pooling_and_all_clients_with_
 def test_a_ramped_client_whose_sent_prompt_always_loses_ends_none_fed(seed) -> None:
     """The even clients win every round, the odd ones lose every round: all clients' share is 1/2, and a loser's
     own rounds soon outweigh the pool, so both its trusts reach 0; a winner's stay at 1."""
-    rng = np.random.default_rng(seed)
-    n, loser = 6, 3
-    p = FedRAPPParams(**RAMP)
-    memory, sent = (synthetic_round(rng, n, 16)[k] for k in ("memory", "sent"))
-    state = None
-    for _ in range(30):
-        kw = next_round(rng, memory, sent, reply_prob=1.0)
-        win = np.arange(n) % 2 == 0
-        out = fedrapp_round(**kw, params=p, **own_reports(rng, kw, win), state=state)
-        memory, sent, state = out.memory, out.personalized, out.state
-    d = out.diagnostics
-    assert d.trust_memory[loser] == d.trust_peers[loser] == 0.0
-    assert d.mu[loser] == 0.0 and d.gamma[loser] == 0.0
-    assert np.array_equal(out.personalized[loser], kw["tuned"][loser])
-    assert d.trust_memory[0] == d.trust_peers[0] == 1.0  # a client that always wins keeps all of both
+    n = 6
+    out, kw, state = play_rounds(
+        np.random.default_rng(seed), FedRAPPParams(**RAMP), n, 30, lambda _: np.arange(n) % 2 == 0
+    )
+    assert_none_fed(out, kw, 3)
+    assert out.diagnostics.trust_memory[0] == out.diagnostics.trust_peers[0] == 1.0  # an always-winner keeps both
     assert state["trust-memory-rounds"].tolist() == [30.0] * n and state["trust-memory-wins"].tolist() == [30, 0] * 3
 
 
