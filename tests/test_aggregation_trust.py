@@ -18,6 +18,7 @@ from fedrapp_app.aggregation.fedrapp import (
     own_prompt_signals,
     pooled_win_share,
     ramped_trust,
+    same_prompt,
     trust_evidence,
     updated_trust,
     vote_evidence,
@@ -395,3 +396,47 @@ def test_bad_ramp_counts_are_refused_with_their_name() -> None:
         )
     with pytest.raises(ValueError, match="trust_pool"):
         make_params("fedrapp", {"trust_pool": -1.0})
+
+
+def test_a_client_sent_its_own_prompt_back_gives_no_vote_evidence_even_where_a_tie_loses() -> None:
+    """Client 0 was sent its own prompt (equal reports, no disagreement); client 1's prompts differ in their
+    marginals only, client 2's in their entropies: their equal votes are a tie, a loss with tie = −1."""
+    h_pre = np.ones(3)
+    own = OwnPromptSignals(
+        h_own=np.array([1.0, 1.0, 1.1]),
+        hm_pre=np.full(3, 2.0),
+        hm_own=np.array([2.0, 2.1, 2.0]),
+        v_pre=np.zeros(3),
+        v_own=np.zeros(3),
+    )
+    replied = np.ones(3, bool)
+    same = same_prompt(h_pre, own, replied)
+    assert same.tolist() == [True, False, False]
+    assert vote_evidence(own, replied, tie=-1.0, same=same).tolist() == [0.0, -1.0, -1.0]
+    no_marginals = OwnPromptSignals(h_own=own.h_own, hm_pre=np.full(3, np.nan), hm_own=np.full(3, np.nan))
+    assert same_prompt(h_pre, no_marginals, replied).tolist() == [True, True, False]  # H alone then
+    assert not same_prompt(h_pre, no_marginals, np.array([False, True, True]))[0]  # no reply: nothing is the same
+
+
+def test_a_ramped_client_at_zero_is_not_locked_out_when_its_peers_start_winning() -> None:
+    """Client 0 sits at trust 0 and is sent its own prompt back (no evidence, its counts stay); the other clients'
+    sent prompts win, all clients' share rises, and client 0's trusts rise with it."""
+    rng = np.random.default_rng(7)
+    n = 5
+    kw = synthetic_round(rng, n, 6, reply_prob=1.0)
+    p = FedRAPPParams(**RAMP, trust_memory_votes=1.0, trust_peer_votes=1.0, trust_vote_tie=-1.0)
+    reports = {
+        "h_own": np.where(np.arange(n) == 0, kw["h_pre"], kw["h_pre"] + 0.1),
+        "hm_pre": np.full(n, 2.0),
+        "hm_own": np.full(n, 2.0),
+        "v_pre": np.where(np.arange(n) == 0, 0.0, 0.2),
+        "v_own": np.where(np.arange(n) == 0, 0.0, 0.1),
+    }
+    counts = {"wins": np.array([0.0, 1, 1, 1, 1]), "rounds": np.array([3.0, 1, 1, 1, 1])}
+    state = {name: np.array([0.0, 1, 1, 1, 1]) for name in TRUSTS}
+    state |= {f"{name}-{kind}": value for name in TRUSTS for kind, value in counts.items()}
+    before = fedrapp_round(**kw, params=p, **reports, state=state).state
+    for name in TRUSTS:
+        assert before[f"{name}-rounds"].tolist() == [3.0, 2, 2, 2, 2]  # client 0: no evidence, its count stays
+        assert before[f"{name}-wins"].tolist() == [0.0, 2, 2, 2, 2]
+        assert before[name][0] > 0.0  # all clients won 8 of 11 rounds: their share lifts client 0

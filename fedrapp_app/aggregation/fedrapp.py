@@ -279,14 +279,33 @@ def trust_evidence(
     return np.where(known & (np.abs(safe) > EVIDENCE_RTOL * np.where(known, scale, 0.0)), np.sign(safe), 0.0)
 
 
-def vote_evidence(own: OwnPromptSignals, replied: NDArray[np.bool_], tie: float = 0.0) -> NDArray[np.float64]:
+def equal_reports(a: NDArray[np.float64], b: NDArray[np.float64]) -> NDArray[np.bool_]:
+    """|a − b| ≤ ``EVIDENCE_RTOL``·max(|a|, |b|) elementwise [N]; False where either is NaN."""
+    with np.errstate(invalid="ignore"):
+        return np.abs(a - b) <= EVIDENCE_RTOL * np.maximum(np.abs(a), np.abs(b))
+
+
+def same_prompt(h_pre: NDArray[np.float64], own: OwnPromptSignals, replied: NDArray[np.bool_]) -> NDArray[np.bool_]:
+    """Where the client was, as far as its reports tell, sent its own prompt back [N]: H_own = H_pre and, where
+    both are reported, Hm_own = Hm_pre (up to ``EVIDENCE_RTOL``). False where H_own is missing."""
+    marginals_known = np.isfinite(own.hm_pre) & np.isfinite(own.hm_own)
+    return replied & equal_reports(h_pre, own.h_own) & (~marginals_known | equal_reports(own.hm_pre, own.hm_own))
+
+
+def vote_evidence(
+    own: OwnPromptSignals, replied: NDArray[np.bool_], tie: float = 0.0, same: NDArray[np.bool_] | None = None
+) -> NDArray[np.float64]:
     """Per client [N]: +1 where the images' neighbours side with the sent prompt (V_pre > V_own), −1 where they
     side with the own one, ``tie`` where the votes are equal (the two prompts label the batch alike, or get as
-    many votes: 0 = no evidence; −1 = the sent prompt did not earn its place, a loss), 0 without a report."""
+    many votes: 0 = no evidence; −1 = the sent prompt did not earn its place, a loss), 0 without a report and
+    where ``same`` [N] says the client was sent its own prompt back (two equal prompts: no contest, whatever
+    ``tie`` is; otherwise a client sent its own prompt would lose every round and could never earn trust)."""
     if own.v_pre is None or own.v_own is None:
         return np.zeros(replied.shape[0])
     gap = own.v_pre - own.v_own
     known = replied & np.isfinite(gap)
+    if same is not None:
+        known &= ~same
     safe = np.where(known, gap, 0.0)
     return np.where(known, np.where(safe == 0, tie, np.sign(safe)), 0.0)
 
@@ -399,7 +418,7 @@ def round_trusts(
     the pooled win share; a ramped trust also returns its counts ("<name>-wins", "<name>-rounds") for the state.
     Clients that did not reply keep their trusts and counts."""
     information = trust_evidence(h_pre, own, replied, p.trust_marginal)
-    votes = vote_evidence(own, replied, p.trust_vote_tie)
+    votes = vote_evidence(own, replied, p.trust_vote_tie, same_prompt(h_pre, own, replied))
     n = replied.shape[0]
     before = previous_trusts(state, n, p)
     out = {}
