@@ -430,6 +430,16 @@ def _check_combinations(v: Mapping[str, Scalar]) -> None:
                 'use a real CLIP such as model="openai/clip-vit-base-patch16"',
             )
         )
+    inert = sorted(k for k in DEFAULTS if k.startswith("trust-") and k != "trust-rate" and v[k] != DEFAULTS[k])
+    if inert and not _rule_reads_h_own(v):
+        problems.append(
+            _problem(
+                inert[0],
+                v[inert[0]],
+                f"has no effect: FedRAPP's trust option is off (strategy = {v['strategy']!r}, trust-rate = "
+                f"{v['trust-rate']}); it needs strategy='fedrapp' and trust-rate > 0, e.g. -c \"trust-rate=1.0\"",
+            )
+        )
     try:
         attackers = attack_clients(str(v["attack-clients"]))
     except ValueError:

@@ -78,6 +78,8 @@ def test_config_values_reach_the_method_and_the_rule():
         ({"dataset": "dtd"}, "model", "real CLIP"),
         ({"testbed-domains": "fog:1"}, "testbed-domains", "fog"),
         ({"partition": "shards"}, "partition", "one of"),
+        ({"trust-memory-ramp": 0.15}, "trust-memory-ramp", "trust-rate > 0"),  # the trust option is off
+        ({"strategy": "fedavg", "trust-rate": 1.0, "trust-pool": 2.0}, "trust-pool", "strategy='fedrapp'"),
     ],
 )
 def test_bad_values_name_the_key_and_what_is_allowed(overrides, key, hint):
@@ -113,3 +115,8 @@ def test_readme_and_pyproject_show_the_schema():
     """README's table and pyproject's config block are what `python -m fedrapp_app.config` prints."""
     assert markdown_table() in (ROOT / "README.md").read_text()
     assert pyproject_block() in (ROOT / "pyproject.toml").read_text()
+
+
+def test_trust_keys_are_accepted_with_the_trust_option_on():
+    config = RunConfig.from_run_config({"trust-rate": 1.0, "trust-memory-ramp": 0.15, "trust-vote-tie": -1.0})
+    assert config.rule_params()[1]["trust_memory_ramp"] == 0.15 and config.reports_own_prompt
