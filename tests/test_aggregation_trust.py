@@ -413,6 +413,8 @@ def test_a_client_sent_its_own_prompt_back_gives_no_vote_evidence_even_where_a_t
     same = same_prompt(h_pre, own, replied)
     assert same.tolist() == [True, False, False]
     assert vote_evidence(own, replied, tie=-1.0, same=same).tolist() == [0.0, -1.0, -1.0]
+    split = OwnPromptSignals(**{**own.__dict__, "v_pre": np.array([0.1, 0.0, 0.0])})  # votes differ: a contest
+    assert vote_evidence(split, replied, tie=-1.0, same=same).tolist() == [1.0, -1.0, -1.0]
     no_marginals = OwnPromptSignals(h_own=own.h_own, hm_pre=np.full(3, np.nan), hm_own=np.full(3, np.nan))
     assert same_prompt(h_pre, no_marginals, replied).tolist() == [True, True, False]  # H alone then
     assert not same_prompt(h_pre, no_marginals, np.array([False, True, True]))[0]  # no reply: nothing is the same

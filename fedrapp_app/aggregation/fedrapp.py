@@ -297,17 +297,16 @@ def vote_evidence(
 ) -> NDArray[np.float64]:
     """Per client [N]: +1 where the images' neighbours side with the sent prompt (V_pre > V_own), −1 where they
     side with the own one, ``tie`` where the votes are equal (the two prompts label the batch alike, or get as
-    many votes: 0 = no evidence; −1 = the sent prompt did not earn its place, a loss), 0 without a report and
-    where ``same`` [N] says the client was sent its own prompt back (two equal prompts: no contest, whatever
-    ``tie`` is; otherwise a client sent its own prompt would lose every round and could never earn trust)."""
+    many votes: 0 = no evidence; −1 = the sent prompt did not earn its place, a loss), 0 without a report. A tie
+    where ``same`` [N] says the client was sent its own prompt back is no evidence, whatever ``tie`` is: two equal
+    prompts are no contest (as a loss, a client sent its own prompt would lose every round and never earn trust)."""
     if own.v_pre is None or own.v_own is None:
         return np.zeros(replied.shape[0])
     gap = own.v_pre - own.v_own
     known = replied & np.isfinite(gap)
-    if same is not None:
-        known &= ~same
     safe = np.where(known, gap, 0.0)
-    return np.where(known, np.where(safe == 0, tie, np.sign(safe)), 0.0)
+    tied = np.full(gap.shape, tie) if same is None else np.where(same, 0.0, tie)
+    return np.where(known, np.where(safe == 0, tied, np.sign(safe)), 0.0)
 
 
 def combined_evidence(
