@@ -44,7 +44,9 @@ shrunk towards all clients' share with ``trust_pool`` = n₀ pseudo-rounds: ŝ_i
 κ = 1 the stepped trust averages the share of rounds won, so a client whose sent prompt wins half its rounds
 keeps about half its memory; the ramp gives it all of it, and nothing to a client that wins a share below
 ρ − w/2, and ten rounds of one client are few, which the pooling makes up for (docs/results/personalization.md).
-κ > 0 still turns the option on; a ramped trust does not read it.
+κ > 0 still turns the option on; a ramped trust does not read it. A vote tie of a client that was sent its own
+prompt back (equal entropies and marginals in its report) is no evidence, whatever ``trust_vote_tie`` says: two
+equal prompts are no contest, and as a loss it would lock a client at trust 0 for good.
 
 Choices where SPEC leaves room (also in the report to the lead):
 
