@@ -432,13 +432,10 @@ def _check_combinations(v: Mapping[str, Scalar]) -> None:
         )
     inert = sorted(k for k in DEFAULTS if k.startswith("trust-") and k != "trust-rate" and v[k] != DEFAULTS[k])
     if inert and not _rule_reads_h_own(v):
-        problems.append(
-            _problem(
-                inert[0],
-                v[inert[0]],
-                f"has no effect: FedRAPP's trust option is off (strategy = {v['strategy']!r}, trust-rate = "
-                f"{v['trust-rate']}); it needs strategy='fedrapp' and trust-rate > 0, e.g. -c \"trust-rate=1.0\"",
-            )
+        problems.append(  # the fix is another key's value, so not _problem's hint to change this one
+            f"  {inert[0]} = {v[inert[0]]!r}: has no effect: FedRAPP's trust option is off (strategy = "
+            f"{v['strategy']!r}, trust-rate = {v['trust-rate']}); it needs strategy='fedrapp' and trust-rate > 0 "
+            f"(fix: {override_hint('trust-rate', '1.0')}, or drop {inert[0]})"
         )
     try:
         attackers = attack_clients(str(v["attack-clients"]))
