@@ -255,7 +255,8 @@ KEYS: tuple[Key, ...] = (
     Key(
         "trust-peer-init",
         1.0,
-        "FedRAPP trust option (ours): every client's peer trust before any evidence (1 = the paper's gamma)",
+        "FedRAPP trust option (ours): every client's peer trust before any evidence (1 = the paper's gamma; "
+        "not 0 with trust-memory-init = 0: no trust could ever be earned)",
         minimum=0.0,
         maximum=1.0,
     ),
@@ -428,6 +429,15 @@ def _check_combinations(v: Mapping[str, Scalar]) -> None:
                 v["model"],
                 f"the testbed CLIP only knows the testbed world's words, not dataset {v['dataset']!r}; "
                 'use a real CLIP such as model="openai/clip-vit-base-patch16"',
+            )
+        )
+    if v["trust-rate"] > 0 and v["trust-memory-init"] == 0 and v["trust-peer-init"] == 0:
+        problems.append(
+            _problem(
+                "trust-peer-init",
+                0.0,
+                "with trust-memory-init = 0 too, every client is sent its own prompt back, which is no evidence: "
+                "the trusts are never earned (none-fed for good); start one above 0",
             )
         )
     inert = sorted(k for k in DEFAULTS if k.startswith("trust-") and k != "trust-rate" and v[k] != DEFAULTS[k])

@@ -166,6 +166,12 @@ def test_integers_from_a_config_become_floats() -> None:
         ("fedrapp", {"mu0": 1.5}, ValueError, r"mu0 = 1.5 is outside its allowed range \[0, 1\]"),
         ("fedrapp", {"gamma_max": 1.2}, ValueError, r"gamma_max = 1.2 is outside its allowed range \[0, 1\]"),
         ("fedrapp", {"gamma0": 0.9}, ValueError, "gamma0 = 0.9 exceeds gamma_max = 0.8"),
+        (
+            "fedrapp",
+            {"trust_rate": 1.0, "trust_memory_init": 0.0, "trust_peer_init": 0.0},
+            ValueError,
+            "lock every client at none-fed",
+        ),
         ("fedrapp", {"eta": float("nan")}, ValueError, "eta = nan is outside"),
         (
             "fedrapp",

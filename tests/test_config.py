@@ -80,6 +80,7 @@ def test_config_values_reach_the_method_and_the_rule():
         ({"partition": "shards"}, "partition", "one of"),
         ({"trust-memory-ramp": 0.15}, "trust-memory-ramp", "trust-rate > 0"),  # the trust option is off
         ({"strategy": "fedavg", "trust-rate": 1.0, "trust-pool": 2.0}, "trust-pool", "strategy='fedrapp'"),
+        ({"trust-rate": 1.0, "trust-memory-init": 0.0, "trust-peer-init": 0.0}, "trust-peer-init", "never earned"),
     ],
 )
 def test_bad_values_name_the_key_and_what_is_allowed(overrides, key, hint):

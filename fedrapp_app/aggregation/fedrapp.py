@@ -135,6 +135,12 @@ class FedRAPPParams(RuleParams):
                 f"FedRAPPParams.gamma0 = {self.gamma0!r} exceeds gamma_max = {self.gamma_max!r}: "
                 "need 0 <= gamma0 <= gamma_max <= 1"
             )
+        if self.trust_rate > 0 and self.trust_memory_init == 0 and self.trust_peer_init == 0:
+            raise ValueError(
+                "FedRAPPParams.trust_memory_init = trust_peer_init = 0 lock every client at none-fed for good: each is "
+                "sent its own prompt back, and such a round is no evidence, so no trust is ever earned; "
+                "start one of them above 0 (e.g. trust_peer_init = 0.5)"
+            )
 
 
 #: Parameter overrides of the ablations (apply with ``make_params("fedrapp", ABLATIONS[name])``).
