@@ -329,6 +329,12 @@ KEYS: tuple[Key, ...] = (
         minimum=0.0,
     ),
     Key(
+        "trust-memory-keep",
+        False,
+        "FedRAPP trust option (ours): true = the memory keeps the paper's rate whatever the memory trust, which sets "
+        "how much of it the prompts use (a round at trust 0 no longer forgets it); false = the trust scales mu",
+    ),
+    Key(
         "fedamp-sigma",
         1.0,
         "FedAMP kernel scale sigma of exp(-||Pi - Pj||^2 / sigma)",
@@ -517,6 +523,7 @@ RULE_KEYS: dict[str, dict[str, str]] = {
         "trust-memory-ramp": "trust_memory_ramp",
         "trust-peer-ramp": "trust_peer_ramp",
         "trust-pool": "trust_pool",
+        "trust-memory-keep": "trust_memory_keep",
     },
     "none-fed": {},
     "fedavg": {},
@@ -601,7 +608,9 @@ class RunConfig:
     def rule_params(self) -> tuple[str, dict[str, Any]]:
         """Name and hyperparameters of the server rule."""
         name = str(self.values["strategy"])
-        params: dict[str, Any] = {param: self.values[key] for key, param in RULE_KEYS[name].items()}
+        params: dict[str, Any] = {  # switches are 0/1 numbers to a rule
+            param: float(v) if isinstance(v := self.values[key], bool) else v for key, param in RULE_KEYS[name].items()
+        }
         if name == "domain-oracle":
             params["groups"] = self.domain_groups()
         return name, params

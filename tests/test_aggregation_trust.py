@@ -442,3 +442,73 @@ def test_a_ramped_client_at_zero_is_not_locked_out_when_its_peers_start_winning(
         assert before[f"{name}-rounds"].tolist() == [3.0, 2, 2, 2, 2]  # client 0: no evidence, its count stays
         assert before[f"{name}-wins"].tolist() == [0.0, 2, 2, 2, 2]
         assert before[name][0] > 0.0  # all clients won 8 of 11 rounds: their share lifts client 0
+
+
+# ---------------------------------------------------------------------------------------- the kept memory (ours)
+KEEP = {**ON, "trust_memory_keep": 1.0}
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_a_kept_memory_is_the_papers_memory_whatever_the_trusts(seed) -> None:
+    """The memory follows the paper's rate μ, bit for bit, with trusts anywhere in [0, 1]; with full trusts and
+    no evidence the prompts are the paper's as well."""
+    rng = np.random.default_rng(seed)
+    kw = next_round(rng, *(synthetic_round(rng, 7, 12)[k] for k in ("memory", "sent")))
+    paper = fedrapp_round(**kw)
+    state = {name: rng.uniform(0, 1, 7) for name in TRUSTS}
+    kept = fedrapp_round(**kw, params=FedRAPPParams(**KEEP), **own_reports(rng, kw), state=state)
+    assert np.array_equal(kept.memory, paper.memory)
+    assert not np.allclose(kept.personalized, paper.personalized)  # the trusts moved the prompts, not the memory
+    assert_same_output(fedrapp_round(**kw, params=FedRAPPParams(**KEEP)), paper)  # full trust, nothing reported
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_for_one_round_a_kept_memory_sends_what_the_trust_on_mu_sends(seed) -> None:
+    """From the same previous memory, P̃ + t·μ·(M − P̃) either way: the two differ only in what is stored."""
+    rng = np.random.default_rng(seed)
+    kw = next_round(rng, *(synthetic_round(rng, 7, 12)[k] for k in ("memory", "sent")))
+    own, state = own_reports(rng, kw), {name: rng.uniform(0, 1, 7) for name in TRUSTS}
+    on_mu = fedrapp_round(**kw, params=FedRAPPParams(**ON), **own, state=state)
+    kept = fedrapp_round(**kw, params=FedRAPPParams(**KEEP), **own, state=state)
+    np.testing.assert_allclose(kept.personalized, on_mu.personalized, rtol=1e-5, atol=1e-6)
+    assert np.array_equal(kept.diagnostics.mu, on_mu.diagnostics.mu)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_a_kept_memory_client_whose_sent_prompt_always_loses_is_sent_its_upload_but_keeps_its_memory(seed) -> None:
+    rng = np.random.default_rng(seed)
+    n, loser = 6, 2
+    p = FedRAPPParams(**KEEP)
+
+    def wins(rng: np.random.Generator) -> np.ndarray:
+        win = rng.random(n) < 0.5
+        win[loser] = False
+        return win
+
+    rounds_to_zero = math.ceil(1 / (p.trust_rate * min(p.trust_memory_target, p.trust_peer_target)))
+    out, kw, _ = play_rounds(rng, p, n, rounds_to_zero + 3, wins)
+    assert out.diagnostics.trust_memory[loser] == out.diagnostics.trust_peers[loser] == 0.0
+    assert np.array_equal(out.personalized[loser], kw["tuned"][loser])  # none-fed for it
+    assert not np.allclose(out.memory[loser], kw["tuned"][loser])  # but the memory is still there
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_kept_memories_permute_with_the_clients(seed) -> None:
+    rng = np.random.default_rng(seed)
+    kw = next_round(rng, *(synthetic_round(rng, 9, 21)[k] for k in ("memory", "sent")))
+    own, state = own_reports(rng, kw), {name: rng.uniform(0, 1, 9) for name in TRUSTS}
+    perm, p = rng.permutation(9), FedRAPPParams(**KEEP)
+    out = fedrapp_round(**kw, params=p, **own, state=state)
+    permuted = fedrapp_round(
+        **{k: v[perm] for k, v in kw.items()},
+        params=p,
+        **{k: v[perm] for k, v in own.items()},
+        state={k: v[perm] for k, v in state.items()},
+    )
+    for name in ("memory", "personalized"):
+        np.testing.assert_allclose(getattr(permuted, name), getattr(out, name)[perm], rtol=1e-6, atol=1e-9)
+
+
+def test_a_kept_memory_is_a_switch() -> None:
+    with pytest.raises(ValueError, match="trust_memory_keep = 0.5 must be 0 or 1"):
+        FedRAPPParams(**{**ON, "trust_memory_keep": 0.5})

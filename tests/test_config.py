@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from fedrapp_app.aggregation import make_rule
+from fedrapp_app.aggregation import make_params, make_rule
 from fedrapp_app.config import (
     DEFAULTS,
     KEYS,
@@ -81,6 +81,7 @@ def test_config_values_reach_the_method_and_the_rule():
         ({"trust-memory-ramp": 0.15}, "trust-memory-ramp", "trust-rate > 0"),  # the trust option is off
         ({"strategy": "fedavg", "trust-rate": 1.0, "trust-pool": 2.0}, "trust-pool", "strategy='fedrapp'"),
         ({"trust-rate": 1.0, "trust-memory-init": 0.0, "trust-peer-init": 0.0}, "trust-peer-init", "never earned"),
+        ({"trust-memory-keep": True}, "trust-memory-keep", "trust-rate > 0"),
     ],
 )
 def test_bad_values_name_the_key_and_what_is_allowed(overrides, key, hint):
@@ -121,3 +122,5 @@ def test_readme_and_pyproject_show_the_schema():
 def test_trust_keys_are_accepted_with_the_trust_option_on():
     config = RunConfig.from_run_config({"trust-rate": 1.0, "trust-memory-ramp": 0.15, "trust-vote-tie": -1.0})
     assert config.rule_params()[1]["trust_memory_ramp"] == 0.15 and config.reports_own_prompt
+    kept = RunConfig.from_run_config({"trust-rate": 1.0, "trust-memory-keep": True}).rule_params()
+    assert kept[1]["trust_memory_keep"] == 1.0 and make_params(*kept).trust_memory_keep == 1.0  # a switch, as 0/1

@@ -48,6 +48,12 @@ keeps about half its memory; the ramp gives it all of it, and nothing to a clien
 prompt back (equal entropies and marginals in its report) is no evidence, whatever ``trust_vote_tie`` says: two
 equal prompts are no contest, and as a loss it would lock a client at trust 0 for good.
 
+Kept memory (ours, ``trust_memory_keep`` = 1; 0, the default, is the trust on μ above): the memory M_i follows the
+paper's rate μ_i whatever the trust, and the prompts are built from P̃_i + t_i·(M_i − P̃_i) (t_i the memory trust)
+instead of M_i. For one round that is what the trust on μ gives; the difference is that a round at trust 0 no
+longer replaces the memory by the upload, so what it holds from earlier rounds (the starting prompt's share
+included) is there when the trust comes back.
+
 Choices where SPEC leaves room (also in the report to the lead):
 
 - Step 4 applies to replying clients outside U_t too (r = 0, so μ = μ0): their upload equals what they
@@ -127,6 +133,12 @@ class FedRAPPParams(RuleParams):
     trust_pool: float = param(
         4.0, NON_NEGATIVE, "ours, ramps only: pseudo-rounds at all clients' win share added to each client's own"
     )
+    trust_memory_keep: float = param(
+        0.0,
+        UNIT,
+        "ours: 0 = the memory trust scales μ (a round at trust 0 forgets the memory); 1 = the memory keeps the "
+        "paper's rate whatever the trust, which sets how much of it the prompts use",
+    )
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -135,6 +147,8 @@ class FedRAPPParams(RuleParams):
                 f"FedRAPPParams.gamma0 = {self.gamma0!r} exceeds gamma_max = {self.gamma_max!r}: "
                 "need 0 <= gamma0 <= gamma_max <= 1"
             )
+        if self.trust_memory_keep not in (0.0, 1.0):
+            raise ValueError(f"FedRAPPParams.trust_memory_keep = {self.trust_memory_keep!r} must be 0 or 1")
         if self.trust_rate > 0 and self.trust_memory_init == 0 and self.trust_peer_init == 0:
             raise ValueError(
                 "FedRAPPParams.trust_memory_init = trust_peer_init = 0 lock every client at none-fed for good: each is "
@@ -442,6 +456,17 @@ def round_trusts(
     return out
 
 
+def trusted_memory(
+    memory: NDArray[np.float32], used: NDArray[np.float64], trust: NDArray[np.float64], replied: NDArray[np.bool_]
+) -> NDArray[np.float64]:
+    """The kept memory's share a client's prompt is built from [N, d]: P̃_i + t_i·(M_i − P̃_i) for replying clients
+    (M_i [N, d] the paper's memory, P̃_i = ``used`` its upload, t_i = ``trust`` [N]); M_i exactly where t_i = 1 or
+    the client did not reply, P̃_i exactly where t_i = 0."""
+    t = trust[:, None]
+    moved = np.where(t == 0, used, used + t * (memory - used))
+    return np.where(replied[:, None] & (t < 1), moved, memory.astype(np.float64))
+
+
 def personalized_prompts(
     memory: NDArray[np.floating], w: NDArray[np.float64], gamma: NDArray[np.float64]
 ) -> NDArray[np.float64]:
@@ -502,17 +527,23 @@ def fedrapp_round(
     # 4. memory (μ = 1 marks the untouched rows of absent clients), from the clipped uploads if asked
     used = x.sent + clipped_updates(delta, delta_norm, informative, p.update_clip) if p.update_clip > 0 else x.tuned
     mu = np.where(x.replied, np.clip(p.mu0 - p.eta * r, 0.0, 1.0), 1.0)
+    papers_mu = mu
     if trusts is not None:
         mu = np.where(x.replied, trusts["trust-memory"] * mu, 1.0)
-    new_memory = keep_rows(mu[:, None] * x.memory + (1.0 - mu[:, None]) * used, x.memory32, absent)
+    kept = trusts["trust-memory"] if trusts is not None and p.trust_memory_keep == 1.0 else None
+    rate = mu if kept is None else papers_mu
+    new_memory = keep_rows(rate[:, None] * x.memory + (1.0 - rate[:, None]) * used, x.memory32, absent)
+    # the memories the prompts are mixed from: the stored ones or, with a kept memory, P̃_i + t_i·μ_i·(M_i − P̃_i)
+    # (M_i the previous memory): what the trust on μ gives, but from the paper's memory, never forgotten
+    mixed_from = new_memory if kept is None else trusted_memory(new_memory, used, kept, x.replied)
     # 5. peer weights
     log_rho = log_source_reliability(r)
     w = peer_weights(delta, delta_norm, log_rho, informative, x.replied, p.tau)
-    # 6. personalized prompts, mixed from the stored (float32) memories
+    # 6. personalized prompts, mixed from the stored (float32) memories (or their trusted share, above)
     gamma = peer_share(w, np.exp(log_rho), p)
     if trusts is not None:
         gamma = trusts["trust-peers"] * gamma
-    personalized = personalized_prompts(new_memory, w, gamma)
+    personalized = personalized_prompts(mixed_from, w, gamma)
     # 7. absent clients are sent again what they were sent
     return RoundOutput(
         memory=new_memory,
