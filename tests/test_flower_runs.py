@@ -123,6 +123,14 @@ def _resume_command(stderr: str) -> list[str]:
     return [sys.executable, "-m", "fedrapp_app.launch", *words[1:]]
 
 
+def _cmdline(pid: int) -> str:
+    """A process's command line, for a failure message ('?' once it is gone)."""
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")[:200]
+    except OSError:
+        return "?"
+
+
 def test_sigint_stops_every_process_of_the_run_and_the_resume_matches_an_uninterrupted_run(testbed_tiny, tmp_path):
     config = small_run(testbed_tiny, tmp_path / "out", **{"num-rounds": 0, "testbed-samples": 480, "batch-size": 8})
     whole = _fedrapp_sim(["-c", _as_overrides({**config, "run-name": "whole"})], tmp_path / "flwr-home")
@@ -151,11 +159,12 @@ def test_sigint_stops_every_process_of_the_run_and_the_resume_matches_an_uninter
         second = subprocess.run(args, capture_output=True, text=True, timeout=60)  # a second writer
         assert second.returncode == 2 and "being written by PID" in second.stderr, second.stderr
         os.killpg(cut.pid, signal.SIGINT)  # Ctrl-C in a terminal signals the whole foreground group
-        stopped = time.monotonic()
         _, stderr = cut.communicate(timeout=60)
-        while marked_pids(marker, "FEDRAPP_TEST_MARK") and time.monotonic() - stopped < 15:
+        exited = time.monotonic()  # the launcher stops every process before it exits (SIGKILL after its grace)
+        while marked_pids(marker, "FEDRAPP_TEST_MARK") and time.monotonic() - exited < 15:
             time.sleep(0.5)
-        assert not marked_pids(marker, "FEDRAPP_TEST_MARK"), "processes of the run outlived Ctrl-C by 15 s"
+        left = {pid: _cmdline(pid) for pid in marked_pids(marker, "FEDRAPP_TEST_MARK")}
+        assert not left, f"processes of the run outlived the launcher's exit after Ctrl-C by 15 s: {left}"
     finally:
         if cut.poll() is None:
             os.killpg(cut.pid, signal.SIGKILL)
