@@ -41,8 +41,10 @@ def _signal_all(pids: list[int], sig: int) -> None:
             os.kill(pid, sig)
 
 
-def stop_marked(launch_id: str, grace: float = 5.0, variable: str = LAUNCH_ID_ENV) -> list[int]:
-    """Stop every process marked with ``variable=launch_id``: SIGTERM, up to ``grace`` seconds, then SIGKILL.
+def stop_marked(launch_id: str, grace: float = 5.0, variable: str = LAUNCH_ID_ENV, settle: float = 2.0) -> list[int]:
+    """Stop every process marked with ``variable=launch_id``: SIGTERM, up to ``grace`` seconds, then SIGKILL for
+    what is left, scanning again until none has been seen for ``settle`` seconds (a process started meanwhile, as
+    Ray's raylet restarts its dashboard and runtime-env agents when they die, is killed when it shows up).
 
     Returns the PIDs that had to be killed with SIGKILL. Zombies (exited, not yet reaped by their parent)
     count as stopped.
@@ -53,10 +55,16 @@ def stop_marked(launch_id: str, grace: float = 5.0, variable: str = LAUNCH_ID_EN
     while pids and time.monotonic() < deadline:
         time.sleep(0.2)
         pids = marked_pids(launch_id, variable)
-    killed = list(pids)
-    deadline = time.monotonic() + grace
-    while pids and time.monotonic() < deadline:  # a process spawned meanwhile is caught by the next scan
-        _signal_all(pids, signal.SIGKILL)
+    killed: list[int] = []
+    deadline = time.monotonic() + grace + settle
+    quiet_since = time.monotonic()
+    while time.monotonic() < deadline:
+        if pids:
+            killed += [pid for pid in pids if pid not in killed]
+            _signal_all(pids, signal.SIGKILL)
+            quiet_since = time.monotonic()
+        elif time.monotonic() - quiet_since >= settle:
+            break
         time.sleep(0.2)
         pids = marked_pids(launch_id, variable)
     return killed

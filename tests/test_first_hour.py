@@ -444,3 +444,29 @@ def test_the_launcher_gives_clients_a_gpu_share_on_a_gpu_host_and_refuses_what_w
         (driver / bus).mkdir(parents=True)
     assert count("", driver) == 0 and count("2,0", driver) == 2 and count("0,7,1", driver) == 1
     assert count("GPU-abc", driver) == 1 and count("1,2", tmp_path / "none") == 0
+
+
+def test_a_marked_process_that_shows_up_after_the_others_stopped_is_stopped_too():
+    """Like an agent Ray restarts while the run stops: on SIGTERM a marked process asks an unmarked helper to start
+    a marked one half a second later, and exits at once; the scans that follow the stop find the late one."""
+    launch = "test-" + os.urandom(4).hex()
+    env = {**os.environ, "FEDRAPP_LAUNCH_ID": launch}
+    helper = (
+        "import os, subprocess, sys, time; time.sleep(0.5); "
+        "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'], env={**os.environ, "
+        f"'FEDRAPP_LAUNCH_ID': '{launch}'}}, start_new_session=True)"
+    )
+    respawner = (
+        "import os, signal, subprocess, sys, time\n"
+        "env = {k: v for k, v in os.environ.items() if k != 'FEDRAPP_LAUNCH_ID'}\n"
+        "def late(*_):\n"
+        f"    subprocess.Popen([sys.executable, '-c', {helper!r}], env=env, start_new_session=True)\n"
+        "    os._exit(0)\n"
+        "signal.signal(signal.SIGTERM, late); print('up', flush=True); time.sleep(60)"
+    )
+    parent = subprocess.Popen([sys.executable, "-c", respawner], env=env, stdout=subprocess.PIPE)
+    parent.stdout.readline()
+    killed = stop_marked(launch, grace=1.0)
+    parent.wait(timeout=5)
+    time.sleep(1.0)
+    assert not marked_pids(launch) and len(killed) == 1  # the late one, with SIGKILL
