@@ -43,8 +43,9 @@ def _signal_all(pids: list[int], sig: int) -> None:
 
 def stop_marked(launch_id: str, grace: float = 5.0, variable: str = LAUNCH_ID_ENV, settle: float = 2.0) -> list[int]:
     """Stop every process marked with ``variable=launch_id``: SIGTERM, up to ``grace`` seconds, then SIGKILL for
-    what is left, scanning again until none has been seen for ``settle`` seconds (a process started meanwhile, as
-    Ray's raylet restarts its dashboard and runtime-env agents when they die, is killed when it shows up).
+    what is left, scanning again until none has been seen for ``settle`` seconds: a process started meanwhile is
+    killed when it shows up (Ray's dashboard and runtime-env agents were seen to outlive a stop without this,
+    presumably restarted by the raylet while it stopped).
 
     Returns the PIDs that had to be killed with SIGKILL. Zombies (exited, not yet reaped by their parent)
     count as stopped.
