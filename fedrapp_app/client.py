@@ -40,6 +40,7 @@ from fedrapp_app.records import (
     INFO,
     METRICS,
     NOTES,
+    PROBE,
     PROMPT,
     arrays_to_record,
     prompt_to_record,
@@ -294,6 +295,8 @@ def train(msg: Message, context: Context) -> Message:
     pixel_values = pclip.preprocess(batch.images)
     t_data = time.perf_counter()
     prompt = [torch.from_numpy(np.array(b)) for b in record_to_prompt(msg.content[PROMPT])]
+    if PROBE in msg.content.array_records:  # a second prompt to score beside (FedRAPP's trust probe)
+        method.set_probe(record_to_prompt(msg.content.array_records[PROBE]))
     seed = int(client.config["seed"])
     result = method.adapt(pclip, prompt, pixel_values, step_generator(seed, client.client_id, position))
     t_adapt = time.perf_counter()
@@ -332,6 +335,12 @@ def train(msg: Message, context: Context) -> Message:
         }
         metrics.update({k: float(v) for k, v in own.items() if v is not None})
         metrics["correct-own"] = _score(result.predictions_own, batch.labels)
+    if result.probe is not None:  # the probe against the own prompt (the trust probe reads these)
+        probe = result.probe
+        metrics.update(
+            {"h-probe": probe.h_probe, "hm-probe": probe.hm_probe, "v-probe": probe.v_probe, "v-own-probe": probe.v_own}
+        )
+        metrics["correct-probe"] = _score(probe.predictions, batch.labels)
     _advance(context, client, round_config, position, method.state_dict())
     metrics["t-total"] = time.perf_counter() - t_start
     return Message(_reply(prompt_to_record(upload), metrics, notes), reply_to=msg)

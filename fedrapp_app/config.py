@@ -335,6 +335,13 @@ KEYS: tuple[Key, ...] = (
         "how much of it the prompts use (a round at trust 0 no longer forgets it); false = the trust scales mu",
     ),
     Key(
+        "trust-probe",
+        False,
+        "FedRAPP trust option (ours), with trust-memory-keep: true = each client also scores the paper's prompt "
+        "(full trusts, sent beside its prompt) against its own, and the trusts read that contest, so a trust at 0 "
+        "still gathers evidence (one more text pass per round); false = they read the sent prompt's",
+    ),
+    Key(
         "fedamp-sigma",
         1.0,
         "FedAMP kernel scale sigma of exp(-||Pi - Pj||^2 / sigma)",
@@ -437,7 +444,16 @@ def _check_combinations(v: Mapping[str, Scalar]) -> None:
                 'use a real CLIP such as model="openai/clip-vit-base-patch16"',
             )
         )
-    if v["trust-rate"] > 0 and v["trust-memory-init"] == 0 and v["trust-peer-init"] == 0:
+    if v["trust-probe"] and not v["trust-memory-keep"]:
+        problems.append(
+            _problem(
+                "trust-memory-keep",
+                False,
+                "trust-probe = true needs it: the probe is the paper's prompt, built from the paper's memory, which "
+                "only the kept memory still holds",
+            )
+        )
+    if v["trust-rate"] > 0 and v["trust-memory-init"] == 0 and v["trust-peer-init"] == 0 and not v["trust-probe"]:
         problems.append(
             _problem(
                 "trust-peer-init",
@@ -524,6 +540,7 @@ RULE_KEYS: dict[str, dict[str, str]] = {
         "trust-peer-ramp": "trust_peer_ramp",
         "trust-pool": "trust_pool",
         "trust-memory-keep": "trust_memory_keep",
+        "trust-probe": "trust_probe",
     },
     "none-fed": {},
     "fedavg": {},

@@ -7,7 +7,8 @@ Client contract (what the ClientApp must honour):
   adapt from P on the next batch of the stream and reply ``{"prompt": P~, "metrics": {client-id, h-pre, h-post,
   num-examples, remaining-batches, stream-position, skipped, ...reporting}}``; ``{"metrics": {client-id,
   skipped-batch: 1, ...}}`` when no sample of the batch could be decoded; ``{"metrics": {client-id,
-  exhausted: 1}}`` when the stream ended. A failure is an error reply (``fedrapp_app.errors.describe``).
+  exhausted: 1}}`` when the stream ended. A failure is an error reply (``fedrapp_app.errors.describe``). A train
+  message may also hold ``"probe"``, a second prompt the rule asks the client to score (FedRAPP's trust probe).
 
 ``num-clients = 0`` means one client per SuperNode: the ServerApp counts the connected nodes first
 (``count_nodes``); the strategy sends that number with every message.
@@ -30,6 +31,7 @@ from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Strategy
 
 from fedrapp_app.aggregation import make_rule
+from fedrapp_app.aggregation.common import PROBE as PROBE_STATE
 from fedrapp_app.aggregation.common import RoundOutput
 from fedrapp_app.checkpoint import ServerCheckpoint
 from fedrapp_app.errors import clean_reason
@@ -39,6 +41,7 @@ from fedrapp_app.records import (
     METRICS,
     NOTES,
     OWN_PROMPT_FIELDS,
+    PROBE,
     PROMPT,
     RejectedReply,
     Upload,
@@ -411,7 +414,9 @@ class PersonalizedPromptStrategy(Strategy):
         for client in self.sampled:
             if client in self._absent:
                 continue
-            prompt = prompt_to_record(unflatten(self.state.sent[client], self.shapes))
+            records = {PROMPT: prompt_to_record(unflatten(self.state.sent[client], self.shapes))}
+            if PROBE_STATE in self.state.rule_state:  # a second prompt the rule asks the client to score
+                records[PROBE] = prompt_to_record(unflatten(self.state.rule_state[PROBE_STATE][client], self.shapes))
             cfg = ConfigRecord(
                 {
                     **dict(config),
@@ -423,7 +428,7 @@ class PersonalizedPromptStrategy(Strategy):
                 }
             )
             msg = Message(
-                RecordDict({PROMPT: prompt, CONFIG: cfg}),
+                RecordDict({**records, CONFIG: cfg}),
                 dst_node_id=self.node_of[client],
                 message_type=MessageType.TRAIN,
                 group_id=str(server_round),

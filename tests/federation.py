@@ -11,7 +11,7 @@ from flwr.app import Message
 
 from fedrapp_app.client import app as client_app
 from fedrapp_app.inprocess import InProcessGrid
-from fedrapp_app.records import PROMPT, flatten, record_to_prompt
+from fedrapp_app.records import PROBE, PROMPT, flatten, record_to_prompt
 from fedrapp_app.server import run_server
 
 
@@ -37,19 +37,22 @@ def small_run(model_dir: Path, out_dir: Path, **overrides: Any) -> dict[str, Any
 
 
 class SpyGrid(InProcessGrid):
-    """An in-process grid that keeps every train message's prompt, per round and destination node."""
+    """An in-process grid that keeps every train message's prompt (and probe, where there is one), per round and
+    destination node."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.sent: dict[tuple[int, int], np.ndarray] = {}  # (round, node) -> flattened prompt
+        self.probes: dict[tuple[int, int], np.ndarray] = {}  # the same for the probes (FedRAPP's trust probe)
 
     def push_messages(self, messages):
         messages = list(messages)
         for m in messages:
             if m.metadata.message_type == "train":
-                self.sent[(int(m.metadata.group_id), m.metadata.dst_node_id)] = flatten(
-                    record_to_prompt(m.content[PROMPT])
-                )
+                key = (int(m.metadata.group_id), m.metadata.dst_node_id)
+                self.sent[key] = flatten(record_to_prompt(m.content[PROMPT]))
+                if PROBE in m.content.array_records:
+                    self.probes[key] = flatten(record_to_prompt(m.content.array_records[PROBE]))
         return super().push_messages(messages)
 
 

@@ -11,6 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from fedrapp_app.aggregation import FedRAPPParams, fedrapp_round, make_params, make_rule, synthetic_round
+from fedrapp_app.aggregation.common import PROBE
 from fedrapp_app.aggregation.fedrapp import (
     TRUSTS,
     OwnPromptSignals,
@@ -182,14 +183,17 @@ def test_a_trust_holds_at_its_target_win_rate() -> None:
 
 # ---------------------------------------------------------------------------------- clients and labels
 @pytest.mark.parametrize("seed", range(6))
-@pytest.mark.parametrize("keep", [0.0, 1.0])  # the trust on μ, and the kept memory
-def test_relabelling_the_clients_permutes_the_outputs_and_the_trusts(seed, keep) -> None:
+@pytest.mark.parametrize("switches", [{}, {"trust_memory_keep": 1.0}, {"trust_memory_keep": 1.0, "trust_probe": 1.0}])
+def test_relabelling_the_clients_permutes_the_outputs_and_the_trusts(seed, switches) -> None:
+    """With the trust on μ, the kept memory, and the kept memory with the probe (whose reports and prompts
+    permute too)."""
     rng = np.random.default_rng(seed)
     kw = next_round(rng, *(synthetic_round(rng, 9, 21)[k] for k in ("memory", "sent")))
     own = own_reports(rng, kw)
+    own |= probe_reports(kw, own, rng.random(9) < 0.5)
     state = {name: rng.uniform(0, 1, 9) for name in TRUSTS}
     perm = rng.permutation(9)
-    p = FedRAPPParams(**ON, trust_memory_keep=keep)
+    p = FedRAPPParams(**ON, **switches)
     out = fedrapp_round(**kw, params=p, **own, state=state)
     permuted = fedrapp_round(
         **{k: v[perm] for k, v in kw.items()},
@@ -201,6 +205,8 @@ def test_relabelling_the_clients_permutes_the_outputs_and_the_trusts(seed, keep)
         np.testing.assert_allclose(getattr(permuted, name), getattr(out, name)[perm], rtol=1e-6, atol=1e-9)
     for name in TRUSTS:
         assert np.array_equal(permuted.state[name], out.state[name][perm])
+    if p.trust_probe:
+        np.testing.assert_allclose(permuted.state[PROBE], out.state[PROBE][perm], rtol=1e-6, atol=1e-9)
     for name in ("mu", "gamma"):
         np.testing.assert_allclose(
             getattr(permuted.diagnostics, name), getattr(out.diagnostics, name)[perm], atol=1e-12
@@ -496,3 +502,100 @@ def test_a_kept_memory_client_whose_sent_prompt_always_loses_is_sent_its_upload_
 def test_a_kept_memory_is_a_switch() -> None:
     with pytest.raises(ValueError, match="trust_memory_keep = 0.5 must be 0 or 1"):
         FedRAPPParams(**{**ON, "trust_memory_keep": 0.5})
+
+
+# ------------------------------------------------------------------------------------------ the probe (ours)
+PROBE_ON = {**KEEP, "trust_probe": 1.0}
+
+
+def probe_reports(kw: dict, own: dict, win: np.ndarray) -> dict[str, np.ndarray]:
+    """The probe's reports where it wins (True) or loses (False) against the own prompt of the reports ``own`` by
+    0.05 nats of entropy (the own marginal, votes 0.2 against 0.1 for the winner); NaN where a client is absent."""
+    absent = ~kw["replied"]
+    reports = {
+        "h_probe": np.where(win, own["h_own"] - 0.05, own["h_own"] + 0.05),
+        "hm_probe": own["hm_own"],
+        "v_probe": np.where(win, 0.2, 0.1),
+        "v_own_probe": np.where(win, 0.1, 0.2),
+    }
+    return {k: np.where(absent, np.nan, v) for k, v in reports.items()}
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_the_probe_is_the_papers_prompt_bit_for_bit_whatever_the_trusts_and_absent_clients_keep_theirs(seed) -> None:
+    rng = np.random.default_rng(seed)
+    kw = next_round(rng, *(synthetic_round(rng, 7, 12)[k] for k in ("memory", "sent")), reply_prob=0.7)
+    state = {name: rng.uniform(0, 1, 7) for name in TRUSTS}
+    out = fedrapp_round(**kw, params=FedRAPPParams(**PROBE_ON), **own_reports(rng, kw), state=state)
+    paper = fedrapp_round(**kw)
+    assert np.array_equal(out.state[PROBE], paper.personalized) and out.state[PROBE].dtype == np.float32
+    assert not np.allclose(out.personalized, paper.personalized)  # what is sent is the trusts' prompt
+    previous = rng.normal(size=(7, 12)).astype(np.float32)
+    again = fedrapp_round(**kw, params=FedRAPPParams(**PROBE_ON), **own_reports(rng, kw), state={PROBE: previous})
+    absent = ~kw["replied"]
+    assert np.array_equal(again.state[PROBE][absent], previous[absent])
+    assert np.array_equal(again.state[PROBE][~absent], paper.personalized[~absent])
+
+
+def test_with_the_probe_the_trusts_read_the_probes_contest_and_fall_back_to_the_sent_prompts() -> None:
+    """The sent prompt loses every contest; the probe wins for clients 0-2 and loses for 3-4; client 5 scored no
+    probe, so its sent prompt's loss counts."""
+    rng = np.random.default_rng(3)
+    n = 6
+    kw = synthetic_round(rng, n, 8, reply_prob=1.0)
+    reports = own_reports(rng, kw, np.zeros(n, bool)) | {"v_pre": np.full(n, 0.1), "v_own": np.full(n, 0.2)}
+    probe = probe_reports(kw, reports, np.arange(n) < 3)
+    probe = {k: np.where(np.arange(n) == 5, np.nan, v) for k, v in probe.items()}
+    for votes in (0.0, 1.0):  # the information gap, the votes
+        p = FedRAPPParams(**{**PROBE_ON, "trust_memory_votes": votes, "trust_peer_votes": votes})
+        half = {name: np.full(n, 0.5) for name in TRUSTS}
+        out = fedrapp_round(**kw, params=p, **reports, **probe, state=half)
+        without = fedrapp_round(
+            **kw, params=FedRAPPParams(**{**KEEP, "trust_memory_votes": votes}), **reports, state=half
+        )
+        for name in TRUSTS:
+            assert np.all(out.state[name][:3] > 0.5) and np.all(out.state[name][3:] < 0.5)
+            assert np.all(without.state[name] < 0.5)  # the sent prompt's contest: every client loses
+
+
+def test_the_probe_lifts_the_lock_of_a_client_sent_its_own_prompt_back() -> None:
+    """Both trusts start at 0 (allowed with the probe) and the sent prompt's contest is never evidence (a client
+    sent its own upload back reports equal scores); the probe wins every round, and the ramped trusts rise from 0
+    to 1. Without the probe such a client's rounds count nothing."""
+    rng = np.random.default_rng(5)
+    n = 4
+    p = FedRAPPParams(
+        trust_rate=1.0,
+        trust_memory_init=0.0,
+        trust_peer_init=0.0,
+        trust_memory_ramp=0.15,
+        trust_peer_ramp=0.15,
+        trust_memory_target=0.275,
+        trust_peer_target=0.275,
+        trust_memory_keep=1.0,
+        trust_probe=1.0,
+    )
+    memory, sent = (synthetic_round(rng, n, 10)[k] for k in ("memory", "sent"))
+    state, trusts = None, []
+    for _ in range(6):
+        kw = next_round(rng, memory, sent, reply_prob=1.0)
+        same = {"h_own": kw["h_pre"].copy(), "hm_pre": np.full(n, 2.0), "hm_own": np.full(n, 2.0)}  # no contest
+        out = fedrapp_round(**kw, params=p, **same, **probe_reports(kw, same, np.ones(n, bool)), state=state)
+        memory, sent, state = out.memory, out.personalized, out.state
+        trusts.append(state["trust-memory"].copy())
+    assert np.all(np.diff(np.array(trusts), axis=0) >= 0) and np.all(trusts[-1] == 1.0)
+    locked = FedRAPPParams(**{**p.__dict__, "trust_probe": 0.0, "trust_peer_init": 0.5})
+    kw = next_round(rng, memory, sent, reply_prob=1.0)
+    same = {"h_own": kw["h_pre"].copy(), "hm_pre": np.full(n, 2.0), "hm_own": np.full(n, 2.0)}
+    zero = {name: np.zeros(n) for name in TRUSTS}
+    assert np.all(fedrapp_round(**kw, params=locked, **same, state=zero).state["trust-memory-rounds"] == 0)
+
+
+def test_the_probe_is_a_switch_that_needs_the_kept_memory() -> None:
+    with pytest.raises(ValueError, match="trust_probe = 0.5 must be 0 or 1"):
+        FedRAPPParams(**{**PROBE_ON, "trust_probe": 0.5})
+    with pytest.raises(ValueError, match="trust_probe = 1 needs trust_memory_keep = 1"):
+        FedRAPPParams(**{**ON, "trust_probe": 1.0})
+    with pytest.raises(ValueError, match="lock every client at none-fed"):
+        FedRAPPParams(**{**KEEP, "trust_memory_init": 0.0, "trust_peer_init": 0.0})
+    FedRAPPParams(**{**PROBE_ON, "trust_memory_init": 0.0, "trust_peer_init": 0.0})  # no lock with the probe

@@ -82,6 +82,7 @@ def test_config_values_reach_the_method_and_the_rule():
         ({"strategy": "fedavg", "trust-rate": 1.0, "trust-pool": 2.0}, "trust-pool", "strategy='fedrapp'"),
         ({"trust-rate": 1.0, "trust-memory-init": 0.0, "trust-peer-init": 0.0}, "trust-peer-init", "never earned"),
         ({"trust-memory-keep": True}, "trust-memory-keep", "trust-rate > 0"),
+        ({"trust-rate": 1.0, "trust-probe": True}, "trust-memory-keep", "trust-probe = true needs it"),
     ],
 )
 def test_bad_values_name_the_key_and_what_is_allowed(overrides, key, hint):
@@ -124,3 +125,6 @@ def test_trust_keys_are_accepted_with_the_trust_option_on():
     assert config.rule_params()[1]["trust_memory_ramp"] == 0.15 and config.reports_own_prompt
     kept = RunConfig.from_run_config({"trust-rate": 1.0, "trust-memory-keep": True}).rule_params()
     assert kept[1]["trust_memory_keep"] == 1.0 and make_params(*kept).trust_memory_keep == 1.0  # a switch, as 0/1
+    probed = {"trust-rate": 1.0, "trust-memory-keep": True, "trust-probe": True}
+    zero = {"trust-memory-init": 0.0, "trust-peer-init": 0.0}  # no lock with the probe: allowed
+    assert make_params(*RunConfig.from_run_config({**probed, **zero}).rule_params()).trust_probe == 1.0

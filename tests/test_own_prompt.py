@@ -10,7 +10,7 @@ from flwr.app import MetricRecord, RecordDict
 
 from fedrapp_app.config import RunConfig
 from fedrapp_app.methods import METHODS, make_method
-from fedrapp_app.methods.base import OwnPrompt, mean_entropy, neighbour_votes
+from fedrapp_app.methods.base import OwnPrompt, batch_marginal_entropy, mean_entropy, neighbour_votes
 from fedrapp_app.records import METRICS, PROMPT, RejectedReply, parse_train_reply, prompt_to_record
 
 #: Small settings that make every method update from its first batch on the tiny CLIP.
@@ -161,3 +161,64 @@ def test_neighbour_votes_do_not_reward_a_collapse():
     collapsed = torch.tensor([0, 0, 0, 0, 0, 0, 1, 1])  # cluster 1 half pulled into class 0
     score_spread, score_collapsed = neighbour_votes(features, spread, collapsed, k=2)
     assert score_spread > score_collapsed
+
+
+# ------------------------------------------------------------------ the probe (ours: FedRAPP's trust probe)
+@pytest.mark.parametrize("name", TUNED)
+def test_a_probe_is_scored_against_the_own_prompt_and_a_probe_equal_to_the_received_prompt_scores_like_it(
+    tiny_pclip, make_pixels, name
+):
+    """The probe's entropy, marginal and votes are the formulas on its own logits; sent the received prompt as the
+    probe, a client reports for it exactly what it reports for the received prompt; no prompt or prediction moves."""
+    batches = [make_pixels(6, seed=s) for s in range(3)]
+    plain = rounds(make_method(name, PARAMS[name], own_prompt=True), tiny_pclip, batches)
+    method, prompt = make_method(name, PARAMS[name], own_prompt=True), None
+    for k, pixels in enumerate(batches):
+        prompt = method.initial_prompt(tiny_pclip) if k == 0 else [b + 0.01 * k for b in plain[k - 1].prompt]
+        probe = [np.asarray(b, dtype=np.float32) * (1.0 + 0.05 * k) + 0.02 for b in prompt]
+        method.set_probe(probe)
+        result = method.adapt(tiny_pclip, prompt, pixels, torch.Generator().manual_seed(k))
+        assert all(torch.equal(a, b) for a, b in zip(result.prompt, plain[k].prompt, strict=True))
+        assert torch.equal(result.predictions, plain[k].predictions) and result.h_pre == plain[k].h_pre
+        if k == 0:
+            assert result.probe is None  # no own prompt yet: nothing to score the probe against
+            continue
+        with torch.no_grad():
+            features = tiny_pclip.image_features(pixels)
+            logits = tiny_pclip.logits(features, tiny_pclip.text_features([torch.from_numpy(b) for b in probe]))
+        assert result.probe.h_probe == pytest.approx(mean_entropy(logits), rel=1e-5, abs=1e-6)
+        assert result.probe.hm_probe == pytest.approx(batch_marginal_entropy(logits), rel=1e-5, abs=1e-6)
+        assert torch.equal(result.probe.predictions, logits.argmax(-1))
+        votes = neighbour_votes(features, logits.argmax(-1), result.predictions_own)
+        assert (result.probe.v_probe, result.probe.v_own) == pytest.approx(votes)
+    same = make_method(name, PARAMS[name], own_prompt=True)
+    for k, pixels in enumerate(batches):
+        prompt = same.initial_prompt(tiny_pclip) if k == 0 else [b + 0.01 * k for b in plain[k - 1].prompt]
+        same.set_probe([np.asarray(b, dtype=np.float32) for b in prompt])
+        result = same.adapt(tiny_pclip, prompt, pixels, torch.Generator().manual_seed(k))
+    assert result.probe.h_probe == pytest.approx(result.h_pre, rel=1e-5)
+    assert result.probe.hm_probe == pytest.approx(result.hm_pre, rel=1e-5)
+    assert (result.probe.v_probe, result.probe.v_own) == (result.v_pre, result.v_own)
+
+
+def test_a_probe_of_another_shape_is_refused_and_zero_shot_ignores_it(tiny_pclip, make_pixels):
+    method = make_method("im", PARAMS["im"], own_prompt=True)
+    first = method.adapt(tiny_pclip, method.initial_prompt(tiny_pclip), make_pixels(4, seed=0), torch.Generator())
+    method.set_probe([np.zeros((1, 2), np.float32)])
+    with pytest.raises(ValueError, match="the probe has blocks"):
+        method.adapt(tiny_pclip, first.prompt, make_pixels(4, seed=1), torch.Generator())
+    zeroshot = make_method("zeroshot", {}, own_prompt=True)
+    zeroshot.set_probe([np.zeros((1, 2), np.float32)])
+    assert (
+        zeroshot.adapt(tiny_pclip, zeroshot.initial_prompt(tiny_pclip), make_pixels(4), torch.Generator()).probe is None
+    )
+
+
+def test_the_probes_reports_travel_as_optional_rule_metrics_within_their_ranges():
+    probe = {"h-probe": 0.4, "hm-probe": 2.0, "v-probe": 0.25, "v-own-probe": 0.0}
+    upload = parse_train_reply(_reply(**probe), 1, SHAPES, 1e6)
+    assert (upload.h_probe, upload.hm_probe, upload.v_probe, upload.v_own_probe) == (0.4, 2.0, 0.25, 0.0)
+    assert not set(probe) & set(upload.report)  # rule inputs, not reporting
+    for bad in ({"v-probe": 1.5}, {"v-own-probe": -0.1}, {"h-probe": -1.0}):
+        with pytest.raises(RejectedReply, match=next(iter(bad))):
+            parse_train_reply(_reply(**{**probe, **bad}), 1, SHAPES, 1e6)

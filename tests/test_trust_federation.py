@@ -27,6 +27,10 @@ from federation import (
 TRUST = {"trust-rate": 0.5, "trust-memory-target": 0.5, "trust-peer-target": 0.2}
 #: Both trusts as ramps of the pooled win share (wide, so that any evidence moves them).
 RAMPS = {"trust-rate": 1.0, "trust-memory-ramp": 0.8, "trust-peer-ramp": 0.8, "trust-memory-target": 0.5}
+#: The ramps with the kept memory and the probe: clients also score the paper's prompt, which the trusts read.
+PROBED = {**RAMPS, "trust-memory-keep": True, "trust-probe": True}
+#: The ramps' counts a resumed run must carry.
+COUNTS = {"trust-memory-wins", "trust-memory-rounds", "trust-peers-wins", "trust-peers-rounds"}
 
 
 @pytest.fixture(scope="module")
@@ -62,8 +66,8 @@ def test_the_trust_option_runs_and_scales_mu_and_gamma(testbed_tiny, tmp_path):
 
 @pytest.mark.parametrize(
     ("option", "carried"),
-    [(TRUST, set()), (RAMPS, {"trust-memory-wins", "trust-memory-rounds", "trust-peers-wins", "trust-peers-rounds"})],
-    ids=["steps", "ramps"],
+    [(TRUST, set()), (RAMPS, COUNTS), (PROBED, COUNTS | {"probe"})],
+    ids=["steps", "ramps", "probe"],
 )
 def test_a_resumed_trust_run_gives_the_same_results(testbed_tiny, tmp_path, option, carried):
     """The trusts (and a ramp's counts) are server state: checkpointed after every round and restored on resume."""
@@ -85,7 +89,9 @@ def test_a_resumed_trust_run_gives_the_same_results(testbed_tiny, tmp_path, opti
 
 
 @pytest.mark.parametrize(
-    ("option", "votes"), [(TRUST, 0.0), (TRUST, 1.0), (RAMPS, 1.0)], ids=["information", "neighbour-votes", "ramps"]
+    ("option", "votes"),
+    [(TRUST, 0.0), (TRUST, 1.0), (RAMPS, 1.0), (PROBED, 1.0)],
+    ids=["information", "neighbour-votes", "ramps", "probe"],
 )
 def test_labels_never_reach_a_trust(testbed_tiny, tmp_path, monkeypatch, option, votes):
     """Permuting the labels of every stream changes the scores, not one prompt nor one trust (whichever evidence
@@ -100,6 +106,21 @@ def test_labels_never_reach_a_trust(testbed_tiny, tmp_path, monkeypatch, option,
     trusts = [[(r["trust_memory"], r["trust_peers"]) for r in read_rows(s["run_dir"])] for s in (base, other)]
     assert trusts[0] == trusts[1] and base["micro_accuracy"] != other["micro_accuracy"]
     assert len(set(trusts[0])) > 1  # the trusts moved: the evidence arrived
+
+
+def test_the_probe_travels_to_the_clients_and_is_the_papers_prompt(testbed_tiny, tmp_path):
+    """Round 1 sends P0 under both rules, so round 2's probes are exactly the prompts the paper's rule sends in
+    round 2 (while the trusts, from 0, send other prompts); every client scores its probe from round 2 on."""
+    base = small_run(testbed_tiny, tmp_path, **{"num-rounds": 3, "local-method": "im"})
+    _, paper, _ = run_federation({**base, "run-name": "paper"})
+    probed = {**PROBED, "trust-memory-init": 0.0, "trust-peer-init": 0.0}  # both from 0: no lock with the probe
+    summary, grid, _ = run_federation({**base, "run-name": "probed", **probed})
+    assert not any(key[0] == 1 for key in grid.probes)  # no probe before the paper's rule has run once
+    second = [key for key in grid.probes if key[0] == 2]
+    assert second and all(np.array_equal(grid.probes[key], paper.sent[key]) for key in second)
+    assert not all(np.array_equal(grid.sent[key], paper.sent[key]) for key in second)  # the trusts' prompts
+    rows = [r for r in read_rows(summary["run_dir"]) if r["round"] > 1]
+    assert rows and all(r["h_probe"] >= 0 and 0 <= r["acc_probe"] <= 1 and 0 <= r["v_probe"] <= 1 for r in rows)
 
 
 @pytest.mark.slow

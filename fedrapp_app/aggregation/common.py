@@ -64,6 +64,10 @@ class Diagnostics:
     trust_peers: NDArray[np.float64] | None = None
 
 
+#: The ``RoundOutput.state`` entry the strategy sends each client as a second prompt to score (FedRAPP's probe).
+PROBE = "probe"
+
+
 @dataclass(frozen=True)
 class RoundOutput:
     """Result of one server round.
@@ -76,8 +80,10 @@ class RoundOutput:
         What each client is sent next (the strategy stores it as the new ``sent``).
     diagnostics : Diagnostics
     state : dict of per-client arrays [N, ...]
-        What a rule carries to its next round besides the memories (FedRAPP's trust option: ``trust``); the
+        What a rule carries to its next round besides the memories (FedRAPP's trust option: its trusts); the
         strategy stores it, checkpoints it and hands it back as the rule's ``state``. Empty for stateless rules.
+        An entry :data:`PROBE` [N, d] float32 (FedRAPP's probe) is also sent: row i to client i, beside its prompt,
+        for it to score on its next batch.
     """
 
     memory: NDArray[np.float32]

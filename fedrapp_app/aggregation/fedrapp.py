@@ -54,6 +54,15 @@ instead of M_i. For one round that is what the trust on μ gives; the difference
 longer replaces the memory by the upload, so what it holds from earlier rounds (the starting prompt's share
 included) is there when the trust comes back.
 
+Probe (ours, ``trust_probe`` = 1, with the kept memory): the server also sends each client the paper's prompt P̂_i
+(the memories and peers at full trust: what ``trust_rate`` = 0 would send), the client scores it against its own
+last tuned prompt beside the received one (``h_probe``, ``hm_probe``, ``v_probe``, ``v_own_probe``: one more text
+pass), and the trusts read that contest instead of the sent prompt's. Why: the evidence then no longer depends on
+the trusts. A client at trust 0 is sent its own prompt back, which is no contest, so without the probe a ramp pooled
+over the federation can lock every client at none-fed for good (docs/results/personalization.md); with it, each
+round still measures whether the paper's prompt would have won, and a trust can come back. The probe is the rule's
+state (``PROBE``), so a checkpoint carries it.
+
 Choices where SPEC leaves room (also in the report to the lead):
 
 - Step 4 applies to replying clients outside U_t too (r = 0, so μ = μ0): their upload equals what they
@@ -78,6 +87,7 @@ from numpy.typing import ArrayLike, NDArray
 from fedrapp_app.aggregation.common import (
     NON_NEGATIVE,
     POSITIVE,
+    PROBE,
     UNIT,
     Diagnostics,
     Interval,
@@ -140,6 +150,13 @@ class FedRAPPParams(RuleParams):
         "paper's rate whatever the trust, which sets how much of it the prompts use",
     )
 
+    trust_probe: float = param(
+        0.0,
+        UNIT,
+        "ours, with trust_memory_keep = 1: 1 = each client also scores the paper's prompt (full trusts) against "
+        "its own, and the trusts read that contest, so a trust at 0 still gathers evidence; 0 = the sent prompt's",
+    )
+
     def __post_init__(self) -> None:
         super().__post_init__()
         if self.gamma0 > self.gamma_max:
@@ -147,9 +164,15 @@ class FedRAPPParams(RuleParams):
                 f"FedRAPPParams.gamma0 = {self.gamma0!r} exceeds gamma_max = {self.gamma_max!r}: "
                 "need 0 <= gamma0 <= gamma_max <= 1"
             )
-        if self.trust_memory_keep not in (0.0, 1.0):
-            raise ValueError(f"FedRAPPParams.trust_memory_keep = {self.trust_memory_keep!r} must be 0 or 1")
-        if self.trust_rate > 0 and self.trust_memory_init == 0 and self.trust_peer_init == 0:
+        for name in ("trust_memory_keep", "trust_probe"):
+            if getattr(self, name) not in (0.0, 1.0):
+                raise ValueError(f"FedRAPPParams.{name} = {getattr(self, name)!r} must be 0 or 1")
+        if self.trust_probe == 1 and self.trust_memory_keep == 0:
+            raise ValueError(
+                "FedRAPPParams.trust_probe = 1 needs trust_memory_keep = 1: the probe is the paper's prompt, built "
+                "from the paper's memory, which only the kept memory still holds"
+            )
+        if self.trust_rate > 0 and self.trust_memory_init == 0 and self.trust_peer_init == 0 and not self.trust_probe:
             raise ValueError(
                 "FedRAPPParams.trust_memory_init = trust_peer_init = 0 lock every client at none-fed for good: each is "
                 "sent its own prompt back, and such a round is no evidence, so no trust is ever earned; "
@@ -248,7 +271,9 @@ class OwnPromptSignals:
 
     ``h_own``: mean prediction entropy of the own prompt; ``hm_pre`` / ``hm_own``: entropy of the batch-mean
     prediction (the marginal) of the sent and of the own prompt; ``v_pre`` / ``v_own``: the neighbour votes for
-    each where the two disagree (``methods.base.neighbour_votes``: shares of the batch, in [0, 1]).
+    each where the two disagree (``methods.base.neighbour_votes``: shares of the batch, in [0, 1]). With the probe
+    (``trust_probe``), the same for the paper's prompt the client scored beside: ``h_probe``, ``hm_probe``, and the
+    votes ``v_probe`` / ``v_own_probe`` of the probe and of the own prompt where those two disagree.
     """
 
     h_own: NDArray[np.float64]
@@ -256,6 +281,10 @@ class OwnPromptSignals:
     hm_own: NDArray[np.float64]
     v_pre: NDArray[np.float64] | None = None  # None: not reported by anybody
     v_own: NDArray[np.float64] | None = None
+    h_probe: NDArray[np.float64] | None = None
+    hm_probe: NDArray[np.float64] | None = None
+    v_probe: NDArray[np.float64] | None = None
+    v_own_probe: NDArray[np.float64] | None = None
 
 
 def own_prompt_signals(replied: NDArray[np.bool_], **reported: ArrayLike | None) -> OwnPromptSignals:
@@ -277,6 +306,27 @@ def own_prompt_signals(replied: NDArray[np.bool_], **reported: ArrayLike | None)
             raise ValueError(f"{name} is outside [0, {high}] in row(s) {bad[:10].tolist()}")
         arrays[name] = np.where(replied, array, np.nan)
     return OwnPromptSignals(**arrays)
+
+
+def probe_contest(h_pre: NDArray[np.float64], own: OwnPromptSignals) -> tuple[NDArray[np.float64], OwnPromptSignals]:
+    """The contest the trusts read with the probe on: where a client scored the probe (``h_probe`` finite), the
+    probe's entropies and votes take the sent prompt's place [N]; elsewhere (no probe yet) the sent prompt's stay."""
+    if own.h_probe is None:
+        return h_pre, own
+    probed = np.isfinite(own.h_probe)
+
+    def pick(probe: NDArray[np.float64] | None, sent: NDArray[np.float64] | None) -> NDArray[np.float64] | None:
+        if probe is None or sent is None:
+            return sent if probe is None else np.where(probed, probe, np.nan)
+        return np.where(probed, probe, sent)
+
+    return pick(own.h_probe, h_pre), OwnPromptSignals(
+        h_own=own.h_own,
+        hm_pre=pick(own.hm_probe, own.hm_pre),
+        hm_own=own.hm_own,
+        v_pre=pick(own.v_probe, own.v_pre),
+        v_own=pick(own.v_own_probe, own.v_own),
+    )
 
 
 def trust_evidence(
@@ -437,7 +487,10 @@ def round_trusts(
     """This round's memory and peer trusts [N] each: the previous ones moved by this round's evidence (each
     trust's own mix of the information gap and the neighbour vote), by steps or, for a ramped trust, the ramp of
     the pooled win share; a ramped trust also returns its counts ("<name>-wins", "<name>-rounds") for the state.
-    Clients that did not reply keep their trusts and counts."""
+    Clients that did not reply keep their trusts and counts. With ``trust_probe`` the evidence is the probe's
+    contest with the own prompt (:func:`probe_contest`), not the sent prompt's."""
+    if p.trust_probe:
+        h_pre, own = probe_contest(h_pre, own)
     information = trust_evidence(h_pre, own, replied, p.trust_marginal)
     votes = vote_evidence(own, replied, p.trust_vote_tie, same_prompt(h_pre, own, replied))
     n = replied.shape[0]
@@ -465,6 +518,20 @@ def trusted_memory(
     t = trust[:, None]
     moved = np.where(t == 0, used, used + t * (memory - used))
     return np.where(replied[:, None] & (t < 1), moved, memory.astype(np.float64))
+
+
+def probe_prompts(
+    papers: NDArray[np.float64],
+    state: Mapping[str, ArrayLike] | None,
+    sent: NDArray[np.float32],
+    absent: NDArray[np.bool_],
+) -> NDArray[np.float32]:
+    """The probes [N, d] float32 for the next round: the paper's prompts ``papers`` [N, d] for the clients that
+    replied; the previous probe (or, before any, the ``sent`` row) for the absent ones."""
+    before = sent if state is None or PROBE not in state else np.asarray(state[PROBE], dtype=np.float32)
+    if before.shape != sent.shape:
+        raise ValueError(f"state[{PROBE!r}] has shape {before.shape}, expected {sent.shape}")
+    return keep_rows(papers, before, absent)
 
 
 def personalized_prompts(
@@ -496,14 +563,20 @@ def fedrapp_round(
     hm_own: ArrayLike | None = None,
     v_pre: ArrayLike | None = None,
     v_own: ArrayLike | None = None,
+    h_probe: ArrayLike | None = None,
+    hm_probe: ArrayLike | None = None,
+    v_probe: ArrayLike | None = None,
+    v_own_probe: ArrayLike | None = None,
     state: Mapping[str, ArrayLike] | None = None,
 ) -> RoundOutput:
     """One FedRAPP server round (SPEC §4); shapes as in :class:`~fedrapp_app.aggregation.common.RoundRule`.
 
     ``num_examples`` is not read (FedRAPP weighs clients by reliability, not by batch size). ``h_own``,
-    ``hm_pre``, ``hm_own``, ``v_pre``, ``v_own`` [N] (NaN where not reported; see :class:`OwnPromptSignals`) and
-    ``state`` (the previous round's ``RoundOutput.state``) are read by the trust option only (``trust_rate`` > 0,
-    ours; see the module docstring); with it off they are ignored.
+    ``hm_pre``, ``hm_own``, ``v_pre``, ``v_own`` and the probe's ``h_probe``, ``hm_probe``, ``v_probe``,
+    ``v_own_probe`` [N] (NaN where not reported; see :class:`OwnPromptSignals`) and ``state`` (the previous round's
+    ``RoundOutput.state``) are read by the trust option only (``trust_rate`` > 0, ours; see the module docstring);
+    with it off they are ignored. With ``trust_probe`` the state returned holds ``PROBE`` [N, d] float32: the
+    prompt each client is to score next round beside its received one.
     """
     p = params if params is not None else FedRAPPParams()
     if not isinstance(p, FedRAPPParams):
@@ -522,7 +595,18 @@ def fedrapp_round(
     # trust option (ours): this round's evidence moves each client's memory and peer trusts, which scale μ and γ
     trusts = None
     if p.trust_rate > 0:
-        own = own_prompt_signals(x.replied, h_own=h_own, hm_pre=hm_pre, hm_own=hm_own, v_pre=v_pre, v_own=v_own)
+        own = own_prompt_signals(
+            x.replied,
+            h_own=h_own,
+            hm_pre=hm_pre,
+            hm_own=hm_own,
+            v_pre=v_pre,
+            v_own=v_own,
+            h_probe=h_probe,
+            hm_probe=hm_probe,
+            v_probe=v_probe,
+            v_own_probe=v_own_probe,
+        )
         trusts = round_trusts(x.h_pre, own, x.replied, state, p)
     # 4. memory (μ = 1 marks the untouched rows of absent clients), from the clipped uploads if asked
     used = x.sent + clipped_updates(delta, delta_norm, informative, p.update_clip) if p.update_clip > 0 else x.tuned
@@ -541,6 +625,9 @@ def fedrapp_round(
     w = peer_weights(delta, delta_norm, log_rho, informative, x.replied, p.tau)
     # 6. personalized prompts, mixed from the stored (float32) memories (or their trusted share, above)
     gamma = peer_share(w, np.exp(log_rho), p)
+    rule_state = {} if trusts is None else dict(trusts)
+    if trusts is not None and p.trust_probe:  # the paper's prompt (full trusts), for the clients to score next
+        rule_state[PROBE] = probe_prompts(personalized_prompts(new_memory, w, gamma), state, x.sent32, absent)
     if trusts is not None:
         gamma = trusts["trust-peers"] * gamma
     personalized = personalized_prompts(mixed_from, w, gamma)
@@ -558,5 +645,5 @@ def fedrapp_round(
             trust_memory=None if trusts is None else trusts["trust-memory"],
             trust_peers=None if trusts is None else trusts["trust-peers"],
         ),
-        state={} if trusts is None else dict(trusts),
+        state=rule_state,
     )

@@ -39,12 +39,20 @@ class Adaptation:
     v_pre: float | None = None  # neighbour vote for the received prompt against the own one (neighbour_votes)
     v_own: float | None = None  # the same for the own prompt
     predictions_own: Tensor | None = None  # [B] long: its predictions (scored for the analysis only)
+    probe: ProbeScore | None = None  # the probe the server sent, scored against the own prompt (FedRAPP's probe)
 
 
 class LocalMethod(ABC):
     """A test-time method: initial prompt, one adaptation step per batch, persistent state as arrays."""
 
     name: ClassVar[str]
+    own: OwnPrompt | None = None  # the own last tuned prompt, where the method keeps it (ours, issue 15)
+
+    def set_probe(self, probe: Sequence[np.ndarray] | None) -> None:
+        """A second prompt (K blocks) for this round's ``adapt`` to score against the own one (FedRAPP's probe,
+        ours); a method that keeps no own prompt (zero-shot) has nothing to score it against and ignores it."""
+        if self.own is not None:
+            self.own.probe = None if probe is None else [np.asarray(block, dtype=np.float32) for block in probe]
 
     @abstractmethod
     def initial_prompt(self, pclip: PromptedCLIP) -> list[Tensor]:
@@ -116,6 +124,18 @@ class OwnScore:
     v_own: float  # the same for the own prompt
     predictions: Tensor  # [B] long
     stats: dict[str, float]  # for the analysis: the marginal entropies and the agreement with the received prompt
+    probe: ProbeScore | None = None  # when the server sent a probe
+
+
+@dataclass(frozen=True)
+class ProbeScore:
+    """The probe (a second prompt the server sent: the paper's prompt) against the own one on this batch."""
+
+    h_probe: float  # mean prediction entropy of the probe
+    hm_probe: float  # entropy of its batch-mean prediction
+    v_probe: float  # the neighbours' vote for the probe where it and the own prompt disagree (neighbour_votes)
+    v_own: float  # the same for the own prompt
+    predictions: Tensor  # [B] long (scored for the analysis only)
 
 
 #: Neighbours per disagreement in :func:`neighbour_votes` (a handful: a batch of 64 holds a few images per class).
@@ -167,6 +187,7 @@ class OwnPrompt:
     def __init__(self, enabled: bool) -> None:
         self.enabled = enabled
         self.blocks: list[np.ndarray] | None = None  # float32 blocks of P~(t-1)
+        self.probe: list[np.ndarray] | None = None  # this round's probe (LocalMethod.set_probe), scored beside
 
     def score(
         self, pclip: PromptedCLIP, received: Sequence[Tensor], features: Tensor, received_logits: Tensor
@@ -178,20 +199,36 @@ class OwnPrompt:
         """
         if not self.enabled or self.blocks is None:
             return None
-        kept, expected = [b.shape for b in self.blocks], [tuple(b.shape) for b in received]
+        expected = [tuple(b.shape) for b in received]
+        kept = [b.shape for b in self.blocks]
         if kept != expected:
             raise ValueError(
                 f"the kept own prompt has blocks {kept}, the received prompt {expected}: this client state "
                 "belongs to another method or setting"
             )
-        with torch.no_grad():
-            blocks = [torch.from_numpy(block).to(pclip.device) for block in self.blocks]
-            logits = pclip.logits(features.to(pclip.device, torch.float32), pclip.text_features(blocks))
+        if self.probe is not None and [b.shape for b in self.probe] != expected:
+            raise ValueError(
+                f"the probe has blocks {[b.shape for b in self.probe]}, the received prompt {expected}: a probe "
+                "must have the prompt's shapes"
+            )
+        logits = _scored(pclip, self.blocks, features)
         predictions = logits.argmax(-1).cpu()
         received = received_logits.detach()
         hm_own, hm_pre = batch_marginal_entropy(logits), batch_marginal_entropy(received)
         received_predictions = received.argmax(-1).cpu()
         vote_received, vote_own = neighbour_votes(features.cpu(), received_predictions, predictions)
+        probe = None
+        if self.probe is not None:
+            probe_logits = _scored(pclip, self.probe, features)
+            probe_predictions = probe_logits.argmax(-1).cpu()
+            vote_probe, vote_own_probe = neighbour_votes(features.cpu(), probe_predictions, predictions)
+            probe = ProbeScore(
+                mean_entropy(probe_logits),
+                batch_marginal_entropy(probe_logits),
+                vote_probe,
+                vote_own_probe,
+                probe_predictions,
+            )
         return OwnScore(
             h_own=mean_entropy(logits),
             hm_pre=hm_pre,
@@ -204,6 +241,7 @@ class OwnPrompt:
                 "received_marginal_entropy": hm_pre,
                 "own_agreement": float((predictions == received_predictions).float().mean()),
             },
+            probe=probe,
         )
 
     def keep(self, tuned: Sequence[Tensor]) -> None:
@@ -227,12 +265,20 @@ class OwnPrompt:
         return {key: value for key, value in state.items() if not key.startswith(self.PREFIX)}
 
 
+def _scored(pclip: PromptedCLIP, blocks: Sequence[np.ndarray], features: Tensor) -> Tensor:
+    """Logits Tensor[B, C] of a prompt's float32 ``blocks`` on image features Tensor[B, E] (one text pass, no
+    gradient)."""
+    with torch.no_grad():
+        text = pclip.text_features([torch.from_numpy(block).to(pclip.device) for block in blocks])
+        return pclip.logits(features.to(pclip.device, torch.float32), text)
+
+
 def with_own_score(adaptation: Adaptation, own: OwnScore | None) -> Adaptation:
     """``adaptation`` with the own prompt's score filled in (unchanged when there is none)."""
     if own is not None:
         adaptation.h_own, adaptation.hm_pre, adaptation.hm_own = own.h_own, own.hm_pre, own.hm_own
         adaptation.v_pre, adaptation.v_own = own.v_pre, own.v_own
-        adaptation.predictions_own = own.predictions
+        adaptation.predictions_own, adaptation.probe = own.predictions, own.probe
         adaptation.stats.update(own.stats)
     return adaptation
 
