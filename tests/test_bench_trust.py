@@ -159,6 +159,21 @@ def test_the_trust_summary_pools_every_client_round_and_counts_the_votes():
     e, dm, dacc = [0.1, 0.1, 0.1], [0.0, 0.0, 0.0], [0.0, 0.0, 0.0]
     block = own_block("blur", e, dm, dacc, trust=True, nb=[0.1, 0.0, -0.1])  # a win, a tie, a loss
     text = trust_summary_markdown(settings_of([row("trust", "fedrapp", 0, 0.5, {"0": block})]))
-    # memory trust 1, 0.5, 0.5, 0.5 -> 0.62; peers all 1; votes: 1 win, 1 tie of 3
-    assert "| S1, im, trust | 0.62 | 1.00 | 33% | 33% |" in text
+    # memory trust 1, 0.5, 0.5, 0.5 -> 0.62; peers all 1; votes: 1 win, 1 tie of 3; Δacc 0: nothing to be right on
+    assert "| S1, im, trust | 0.62 | 1.00 | 33% | 33% | – |" in text
     assert trust_summary_markdown(settings_of([row("none-fed", "none-fed", 0, 0.5, {})])) == ""
+    scored = own_block("blur", e, dm, [0.1, 0.1, 0.1], trust=True, nb=[0.1, 0.0, -0.1])  # the sent is the better
+    text = trust_summary_markdown(settings_of([row("trust", "fedrapp", 0, 0.5, {"0": scored})]))
+    assert "| 33% | 33% | 50% |" in text  # the win is right, the loss wrong, the tie not counted
+
+
+def test_with_a_probe_the_trust_summary_counts_the_probes_contest():
+    """Where clients scored the probe, the votes and accuracies of the probe against the own prompt count, not the
+    sent prompt's (which lost everywhere here)."""
+    e, dm, dacc = [0.1, 0.1], [0.0, 0.0], [-0.1, -0.1]
+    block = own_block("blur", e, dm, dacc, trust=True, nb=[-0.1, -0.1])
+    block.update(
+        v_probe=[None, 0.3, 0.3], v_own_probe=[None, 0.2, 0.2], acc_probe=[None, 0.7, 0.5]
+    )  # own acc: 0.6 -> the probe wins by the votes, right in round 2, wrong in round 3
+    text = trust_summary_markdown(settings_of([row("trust", "fedrapp", 0, 0.5, {"0": block})]))
+    assert "| 100% | 0% | 50% |" in text

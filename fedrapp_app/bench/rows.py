@@ -33,6 +33,7 @@ OWN_PROMPT_KEYS = (
     "trust_memory",
     "trust_peers",
     "h_probe",
+    "hm_probe",
     "acc_probe",
     "v_probe",
     "v_own_probe",

@@ -188,29 +188,49 @@ def honesty_markdown(settings: Sequence[Setting]) -> str:
     return out.getvalue()
 
 
+def contest(block: Mapping[str, Any]) -> list[tuple[float, float, float | None]]:
+    """The rounds of one client's curves in which it scored a rival against its own prompt, as (V_rival − V_own,
+    acc(rival) − acc(own) or None): the rival is the probe where the server sent one (FedRAPP's trust probe: the
+    contest the trusts read), else the received prompt before adaptation."""
+    probe = "v_probe" in block
+    keys = ("v_probe", "v_own_probe", "acc_probe") if probe else ("v_pre", "v_own", "acc_before")
+    missing = [None] * len(block["round"])
+    rival, own, acc = (block.get(key, missing) for key in keys)
+    acc_own = block.get("acc_own", missing)
+    return [
+        (a - b, None if x is None or y is None else x - y)
+        for a, b, x, y in zip(rival, own, acc, acc_own, strict=False)
+        if a is not None and b is not None
+    ]
+
+
 def trust_summary_markdown(settings: Sequence[Setting]) -> str:
-    """Per setting of a trust-option grid: the mean memory and peer trust over clients and rounds, and (where the
-    clients reported neighbour votes) the share of rounds the votes side with the sent prompt and the share of ties."""
+    """Per setting of a trust-option grid: the mean memory and peer trust over clients and rounds and, where the
+    clients reported neighbour votes, over the contest the trusts read (:func:`contest`: the probe against the own
+    prompt where there is one, else the sent prompt): the share of rounds the votes side with the rival, the share
+    of ties, and how often, where the votes and the accuracies both differ, the votes side with the more accurate
+    prompt (a label-scored check of the evidence; labels reach no trust)."""
     out = io.StringIO()
     for s in settings:
-        memory, peers, wins, ties = [], [], [], []
+        memory, peers, wins, ties, right = [], [], [], [], []
         for block in (b for row in s.rows for b in row.get("clients", {}).values()):
             memory += [x for x in block.get("trust_memory", []) if x is not None]
             peers += [x for x in block.get("trust_peers", []) if x is not None]
-            votes = [
-                (a, b) for a, b in zip(block.get("v_pre", []), block.get("v_own", []), strict=False) if a is not None
-            ]
-            wins += [a > b for a, b in votes]
-            ties += [a == b for a, b in votes]
+            rounds = contest(block)
+            wins += [gap > 0 for gap, _ in rounds]
+            ties += [gap == 0 for gap, _ in rounds]
+            right += [(gap > 0) == (dacc > 0) for gap, dacc in rounds if gap != 0 and dacc]
         if not memory:
             continue
         label = ", ".join(s.labels[a] for a in s.labels)
         vote = f"{100 * np.mean(wins):.0f}% | {100 * np.mean(ties):.0f}%" if wins else "– | –"
+        vote += f" | {100 * np.mean(right):.0f}%" if right else " | –"
         out.write(f"| {label} | {np.mean(memory):.2f} | {np.mean(peers):.2f} | {vote} |\n")
     if not out.getvalue():
         return ""
     head = (
-        "| setting | memory trust | peer trust | votes side with the sent prompt | vote ties |\n|---|---|---|---|---|\n"
+        "| setting | memory trust | peer trust | votes side with the sent prompt (the probe, where sent) | vote ties "
+        "| votes side with the more accurate |\n|---|---|---|---|---|---|\n"
     )
     return head + out.getvalue()
 
