@@ -17,6 +17,8 @@ from fedrapp_app.bench.trust import (
     main,
     own_prompt_pairs,
     trust_summary_markdown,
+    trust_timing,
+    trust_timing_markdown,
 )
 
 
@@ -177,3 +179,16 @@ def test_with_a_probe_the_trust_summary_counts_the_probes_contest():
     )  # own acc: 0.6 -> the probe wins by the votes, right in round 2, wrong in round 3
     text = trust_summary_markdown(settings_of([row("trust", "fedrapp", 0, 0.5, {"0": block})]))
     assert "| 100% | 0% | 50% |" in text
+
+
+def test_the_timing_table_finds_the_lock_and_the_round_the_memory_is_trusted():
+    e, dm, dacc = [0.1] * 4, [0.0] * 4, [0.0] * 4
+    locked = own_block("blur", e, dm, dacc, trust=True)
+    locked.update(trust_memory=[0.0, 0.95, 0.0, 0.0, 0.0], trust_peers=[0.5, 1.0, 0.0, 0.0, 0.0])  # locked from 3
+    other = own_block("blur", e, dm, dacc, trust=True)
+    other.update(trust_memory=[0.0, 0.9, 0.0, 0.0, 0.0], trust_peers=[0.0, 0.0, 0.0, 0.0, 0.0])
+    assert trust_timing({"clients": {"0": locked, "1": other}}) == (3, 2)  # mean memory 0.925 in round 2
+    other.update(trust_memory=[0.0, 0.5, 0.0, 0.0, 0.1])  # a trust back above 0 in the last round: no lock
+    assert trust_timing({"clients": {"0": locked, "1": other}}) == (None, None)
+    text = trust_timing_markdown(settings_of([row("trust", "fedrapp", 0, 0.5, {"0": locked})]))
+    assert "| S1, im, trust | 1 of 1 | 3 | 2 |" in text

@@ -235,6 +235,54 @@ def trust_summary_markdown(settings: Sequence[Setting]) -> str:
     return head + out.getvalue()
 
 
+#: The mean memory trust at which a run counts as having trusted its memory (the timing table's second column).
+TRUSTED = 0.9
+
+
+def trust_timing(row: Mapping[str, Any]) -> tuple[int | None, int | None]:
+    """One run's (lock round, trusted round): the first round from which every reporting client has both trusts at
+    0 to the end of the run (a lock: sent its own prompt back, none-fed from then on), and the first round in which
+    the clients' mean memory trust reaches :data:`TRUSTED`; None where it never happens."""
+    by_round: dict[int, list[tuple[float, float]]] = {}
+    for block in row.get("clients", {}).values():
+        pairs = zip(block["round"], block.get("trust_memory", []), block.get("trust_peers", []), strict=False)
+        for t, memory, peers in pairs:
+            if memory is not None and peers is not None:
+                by_round.setdefault(int(t), []).append((memory, peers))
+    rounds = sorted(by_round)
+    locked = [all(m == 0 and p == 0 for m, p in by_round[t]) for t in rounds]
+    lock = None
+    for t, is_locked in zip(reversed(rounds), reversed(locked), strict=True):
+        if not is_locked:
+            break
+        lock = t
+    trusted = next((t for t in rounds if np.mean([m for m, _ in by_round[t]]) >= TRUSTED), None)
+    return lock, trusted
+
+
+def trust_timing_markdown(settings: Sequence[Setting]) -> str:
+    """Per setting of a trust-option grid, per seed: the round a run locks (:func:`trust_timing`; – never) and the
+    round its clients' mean memory trust reaches :data:`TRUSTED` (– never)."""
+    out = io.StringIO()
+    for s in settings:
+        runs = [
+            trust_timing(row) for row in s.rows if any("trust_memory" in b for b in row.get("clients", {}).values())
+        ]
+        if not runs:
+            continue
+        label = ", ".join(s.labels[a] for a in s.labels)
+        locks = ", ".join("–" if lock is None else str(lock) for lock, _ in runs)
+        trusted = ", ".join("–" if t is None else str(t) for _, t in runs)
+        out.write(f"| {label} | {sum(lock is not None for lock, _ in runs)} of {len(runs)} | {locks} | {trusted} |\n")
+    if not out.getvalue():
+        return ""
+    head = (
+        f"| setting | runs locked | locked from round (per seed) | mean memory trust ≥ {TRUSTED} from round |\n"
+        "|---|---|---|---|\n"
+    )
+    return head + out.getvalue()
+
+
 def goal_markdown(settings: Sequence[Setting], rules: Sequence[str] | None = None) -> str:
     """Per (context, method) of a [method, rule] grid: each rule's accuracy, and paired gaps to none-fed and FedAvg.
 
@@ -472,6 +520,12 @@ def write_trust(bench_dir: str | Path, out_dir: str | Path | None = None) -> Pat
         if summary:
             text.write(
                 "Trusts (mean over clients, rounds and seeds) and the neighbour votes' verdicts:\n\n" + summary + "\n"
+            )
+        timing = trust_timing_markdown(members)
+        if timing:
+            text.write(
+                "When the trusts lock or trust the memory (per seed; a lock: every client at both trusts 0 from that "
+                "round to the end, so none-fed):\n\n" + timing + "\n"
             )
         traces = trust_figure(members, f"{grid}: trusts per client and round (all seeds)", out / f"trust-{grid}.png")
         if traces is not None:
