@@ -342,6 +342,12 @@ KEYS: tuple[Key, ...] = (
         "still gathers evidence (one more text pass per round); false = they read the sent prompt's",
     ),
     Key(
+        "trust-peer-probe",
+        False,
+        "FedRAPP trust option (ours), with trust-memory-keep: true = the probe is sent as with trust-probe, but only "
+        "the peer trust reads its contest (the memory trust reads the sent prompt's)",
+    ),
+    Key(
         "fedamp-sigma",
         1.0,
         "FedAMP kernel scale sigma of exp(-||Pi - Pj||^2 / sigma)",
@@ -444,16 +450,22 @@ def _check_combinations(v: Mapping[str, Scalar]) -> None:
                 'use a real CLIP such as model="openai/clip-vit-base-patch16"',
             )
         )
-    if v["trust-probe"] and not v["trust-memory-keep"]:
-        problems.append(
-            _problem(
-                "trust-memory-keep",
-                False,
-                "trust-probe = true needs it: the probe is the paper's prompt, built from the paper's memory, which "
-                "only the kept memory still holds",
+    for probe in ("trust-probe", "trust-peer-probe"):
+        if v[probe] and not v["trust-memory-keep"]:
+            problems.append(
+                _problem(
+                    "trust-memory-keep",
+                    False,
+                    f"{probe} = true needs it: the probe is the paper's prompt, built from the paper's memory, which "
+                    "only the kept memory still holds",
+                )
             )
+    if v["trust-probe"] and v["trust-peer-probe"]:
+        problems.append(
+            _problem("trust-peer-probe", True, "trust-probe = true already has both trusts read the probe; set one")
         )
-    if v["trust-rate"] > 0 and v["trust-memory-init"] == 0 and v["trust-peer-init"] == 0 and not v["trust-probe"]:
+    probed = v["trust-probe"] or v["trust-peer-probe"]
+    if v["trust-rate"] > 0 and v["trust-memory-init"] == 0 and v["trust-peer-init"] == 0 and not probed:
         problems.append(
             _problem(
                 "trust-peer-init",
@@ -541,6 +553,7 @@ RULE_KEYS: dict[str, dict[str, str]] = {
         "trust-pool": "trust_pool",
         "trust-memory-keep": "trust_memory_keep",
         "trust-probe": "trust_probe",
+        "trust-peer-probe": "trust_peer_probe",
     },
     "none-fed": {},
     "fedavg": {},

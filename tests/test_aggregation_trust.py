@@ -558,6 +558,22 @@ def test_with_the_probe_the_trusts_read_the_probes_contest_and_fall_back_to_the_
             assert np.all(without.state[name] < 0.5)  # the sent prompt's contest: every client loses
 
 
+def test_with_the_peer_probe_only_the_peer_trust_reads_the_probe() -> None:
+    """The sent prompt loses every contest, the probe wins for clients 0-2 and loses for 3-5: the memory trust
+    reads the sent prompt's losses, the peer trust the probe's contest; the probe is sent either way."""
+    rng = np.random.default_rng(4)
+    n = 6
+    kw = synthetic_round(rng, n, 8, reply_prob=1.0)
+    reports = own_reports(rng, kw, np.zeros(n, bool)) | {"v_pre": np.full(n, 0.1), "v_own": np.full(n, 0.2)}
+    probe = probe_reports(kw, reports, np.arange(n) < 3)
+    half = {name: np.full(n, 0.5) for name in TRUSTS}
+    p = FedRAPPParams(**{**KEEP, "trust_peer_probe": 1.0})
+    out = fedrapp_round(**kw, params=p, **reports, **probe, state=half)
+    assert np.all(out.state["trust-memory"] < 0.5)
+    assert np.all(out.state["trust-peers"][:3] > 0.5) and np.all(out.state["trust-peers"][3:] < 0.5)
+    assert np.array_equal(out.state[PROBE], fedrapp_round(**kw).personalized)
+
+
 def test_the_probe_lifts_the_lock_of_a_client_sent_its_own_prompt_back() -> None:
     """Both trusts start at 0 (allowed with the probe) and the sent prompt's contest is never evidence (a client
     sent its own upload back reports equal scores); the probe wins every round, and the ramped trusts rise from 0
@@ -599,3 +615,7 @@ def test_the_probe_is_a_switch_that_needs_the_kept_memory() -> None:
     with pytest.raises(ValueError, match="lock every client at none-fed"):
         FedRAPPParams(**{**KEEP, "trust_memory_init": 0.0, "trust_peer_init": 0.0})
     FedRAPPParams(**{**PROBE_ON, "trust_memory_init": 0.0, "trust_peer_init": 0.0})  # no lock with the probe
+    with pytest.raises(ValueError, match="choose one"):
+        FedRAPPParams(**{**PROBE_ON, "trust_peer_probe": 1.0})
+    with pytest.raises(ValueError, match="trust_peer_probe = 1 needs trust_memory_keep = 1"):
+        FedRAPPParams(**{**ON, "trust_peer_probe": 1.0})

@@ -83,6 +83,7 @@ def test_config_values_reach_the_method_and_the_rule():
         ({"trust-rate": 1.0, "trust-memory-init": 0.0, "trust-peer-init": 0.0}, "trust-peer-init", "never earned"),
         ({"trust-memory-keep": True}, "trust-memory-keep", "trust-rate > 0"),
         ({"trust-rate": 1.0, "trust-probe": True}, "trust-memory-keep", "trust-probe = true needs it"),
+        ({"trust-rate": 1.0, "trust-peer-probe": True}, "trust-memory-keep", "trust-peer-probe = true needs it"),
     ],
 )
 def test_bad_values_name_the_key_and_what_is_allowed(overrides, key, hint):

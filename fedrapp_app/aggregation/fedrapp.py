@@ -60,8 +60,9 @@ last tuned prompt beside the received one (``h_probe``, ``hm_probe``, ``v_probe`
 pass), and the trusts read that contest instead of the sent prompt's. Why: the evidence then no longer depends on
 the trusts. A client at trust 0 is sent its own prompt back, which is no contest, so without the probe a ramp pooled
 over the federation can lock every client at none-fed for good (docs/results/personalization.md); with it, each
-round still measures whether the paper's prompt would have won, and a trust can come back. The probe is the rule's
-state (``PROBE``), so a checkpoint carries it.
+round still measures whether the paper's prompt would have won, and a trust can come back. With
+``trust_peer_probe`` = 1 instead, the probe is sent the same way but only the peer trust reads it (the memory trust
+reads the sent prompt's contest). The probe is the rule's state (``PROBE``), so a checkpoint carries it.
 
 Choices where SPEC leaves room (also in the report to the lead):
 
@@ -156,6 +157,12 @@ class FedRAPPParams(RuleParams):
         "ours, with trust_memory_keep = 1: 1 = each client also scores the paper's prompt (full trusts) against "
         "its own, and the trusts read that contest, so a trust at 0 still gathers evidence; 0 = the sent prompt's",
     )
+    trust_peer_probe: float = param(
+        0.0,
+        UNIT,
+        "ours, with trust_memory_keep = 1: 1 = the probe is sent as with trust_probe, but only the peer trust reads "
+        "its contest (the memory trust reads the sent prompt's)",
+    )
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -164,15 +171,22 @@ class FedRAPPParams(RuleParams):
                 f"FedRAPPParams.gamma0 = {self.gamma0!r} exceeds gamma_max = {self.gamma_max!r}: "
                 "need 0 <= gamma0 <= gamma_max <= 1"
             )
-        for name in ("trust_memory_keep", "trust_probe"):
+        for name in ("trust_memory_keep", "trust_probe", "trust_peer_probe"):
             if getattr(self, name) not in (0.0, 1.0):
                 raise ValueError(f"FedRAPPParams.{name} = {getattr(self, name)!r} must be 0 or 1")
-        if self.trust_probe == 1 and self.trust_memory_keep == 0:
+        for name in ("trust_probe", "trust_peer_probe"):
+            if getattr(self, name) == 1 and self.trust_memory_keep == 0:
+                raise ValueError(
+                    f"FedRAPPParams.{name} = 1 needs trust_memory_keep = 1: the probe is the paper's prompt, built "
+                    "from the paper's memory, which only the kept memory still holds"
+                )
+        if self.trust_probe and self.trust_peer_probe:
             raise ValueError(
-                "FedRAPPParams.trust_probe = 1 needs trust_memory_keep = 1: the probe is the paper's prompt, built "
-                "from the paper's memory, which only the kept memory still holds"
+                "FedRAPPParams.trust_probe = trust_peer_probe = 1: choose one (trust_probe: both trusts read the "
+                "probe; trust_peer_probe: the peer trust alone)"
             )
-        if self.trust_rate > 0 and self.trust_memory_init == 0 and self.trust_peer_init == 0 and not self.trust_probe:
+        probed = self.trust_probe or self.trust_peer_probe  # a trust that reads the probe gathers evidence at 0
+        if self.trust_rate > 0 and self.trust_memory_init == 0 and self.trust_peer_init == 0 and not probed:
             raise ValueError(
                 "FedRAPPParams.trust_memory_init = trust_peer_init = 0 lock every client at none-fed for good: each is "
                 "sent its own prompt back, and such a round is no evidence, so no trust is ever earned; "
@@ -409,6 +423,7 @@ class TrustSetting:
     target: float
     votes: float
     ramp: float
+    probe: bool = False  # it reads the probe's contest (trust_probe, trust_peer_probe), not the sent prompt's
 
     @property
     def initial_share(self) -> float:
@@ -420,9 +435,15 @@ def trust_settings(p: FedRAPPParams) -> dict[str, TrustSetting]:
     """The two trusts' settings, by their names in :data:`TRUSTS`."""
     return {
         "trust-memory": TrustSetting(
-            p.trust_memory_init, p.trust_memory_target, p.trust_memory_votes, p.trust_memory_ramp
+            p.trust_memory_init, p.trust_memory_target, p.trust_memory_votes, p.trust_memory_ramp, p.trust_probe == 1
         ),
-        "trust-peers": TrustSetting(p.trust_peer_init, p.trust_peer_target, p.trust_peer_votes, p.trust_peer_ramp),
+        "trust-peers": TrustSetting(
+            p.trust_peer_init,
+            p.trust_peer_target,
+            p.trust_peer_votes,
+            p.trust_peer_ramp,
+            p.trust_probe == 1 or p.trust_peer_probe == 1,
+        ),
     }
 
 
@@ -487,16 +508,17 @@ def round_trusts(
     """This round's memory and peer trusts [N] each: the previous ones moved by this round's evidence (each
     trust's own mix of the information gap and the neighbour vote), by steps or, for a ramped trust, the ramp of
     the pooled win share; a ramped trust also returns its counts ("<name>-wins", "<name>-rounds") for the state.
-    Clients that did not reply keep their trusts and counts. With ``trust_probe`` the evidence is the probe's
-    contest with the own prompt (:func:`probe_contest`), not the sent prompt's."""
-    if p.trust_probe:
-        h_pre, own = probe_contest(h_pre, own)
-    information = trust_evidence(h_pre, own, replied, p.trust_marginal)
-    votes = vote_evidence(own, replied, p.trust_vote_tie, same_prompt(h_pre, own, replied))
+    Clients that did not reply keep their trusts and counts. A trust that reads the probe (``trust_probe``, or the
+    peer trust with ``trust_peer_probe``) takes its evidence from the probe's contest with the own prompt
+    (:func:`probe_contest`), not the sent prompt's."""
+    contests = {False: (h_pre, own), True: probe_contest(h_pre, own)}
     n = replied.shape[0]
     before = previous_trusts(state, n, p)
     out = {}
     for name, setting in trust_settings(p).items():
+        h_rival, rival = contests[setting.probe]
+        information = trust_evidence(h_rival, rival, replied, p.trust_marginal)
+        votes = vote_evidence(rival, replied, p.trust_vote_tie, same_prompt(h_rival, rival, replied))
         evidence = combined_evidence(information, votes, setting.votes)  # 0 for clients that did not reply
         if setting.ramp == 0:
             out[name] = updated_trust(before[name], evidence, setting.target, p.trust_rate)
@@ -626,7 +648,7 @@ def fedrapp_round(
     # 6. personalized prompts, mixed from the stored (float32) memories (or their trusted share, above)
     gamma = peer_share(w, np.exp(log_rho), p)
     rule_state = {} if trusts is None else dict(trusts)
-    if trusts is not None and p.trust_probe:  # the paper's prompt (full trusts), for the clients to score next
+    if trusts is not None and (p.trust_probe or p.trust_peer_probe):  # the paper's prompt, for the clients to score
         rule_state[PROBE] = probe_prompts(personalized_prompts(new_memory, w, gamma), state, x.sent32, absent)
     if trusts is not None:
         gamma = trusts["trust-peers"] * gamma
