@@ -452,13 +452,10 @@ def _check_combinations(v: Mapping[str, Scalar]) -> None:
         )
     for probe in ("trust-probe", "trust-peer-probe"):
         if v[probe] and not v["trust-memory-keep"]:
-            problems.append(
-                _problem(
-                    "trust-memory-keep",
-                    False,
-                    f"{probe} = true needs it: the probe is the paper's prompt, built from the paper's memory, which "
-                    "only the kept memory still holds",
-                )
+            problems.append(  # the fix is a given value of another key, so not _problem's generic hint
+                f"  trust-memory-keep = False: {probe} = true needs it: the probe is the paper's prompt, built from "
+                f"the paper's memory, which only the kept memory still holds (fix: "
+                f"{override_hint('trust-memory-keep', 'true')}, or drop {probe})"
             )
     if v["trust-probe"] and v["trust-peer-probe"]:
         problems.append(

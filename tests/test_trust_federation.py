@@ -125,11 +125,13 @@ def test_the_probe_travels_to_the_clients_and_is_the_papers_prompt(testbed_tiny,
 
 @pytest.mark.slow
 def test_the_trust_option_runs_in_flowers_simulation_engine(testbed_tiny, tmp_path):
-    """Through Flower's Ray simulation engine: 3 SuperNodes, 3 rounds, the trusts move and reach the rows."""
+    """Through Flower's Ray simulation engine: 3 SuperNodes, 3 rounds, the trusts move and reach the rows; with the
+    probe, so that a train message carrying two prompts crosses the engine too."""
     # a memory trust from 0.5: any evidence moves it
-    config = small_run(testbed_tiny, tmp_path, **{"num-rounds": 3, "trust-memory-init": 0.5}, **TRUST)
+    probe = {"trust-memory-keep": True, "trust-probe": True}
+    config = small_run(testbed_tiny, tmp_path, **{"num-rounds": 3, "trust-memory-init": 0.5}, **TRUST, **probe)
     rows = read_rows(run_in_flower_simulation(config, num_supernodes=3)["run_dir"])
     assert len(rows) == 9 and all(r["status"] == "ok" for r in rows)
-    assert all("h_own" in r and "trust_memory" in r for r in rows if r["round"] > 1)
+    assert all("h_own" in r and "h_probe" in r and "trust_memory" in r for r in rows if r["round"] > 1)
     assert all(r["trust_memory"] == 0.5 for r in rows if r["round"] == 1)
     assert any(r["trust_memory"] != 0.5 for r in rows if r["round"] > 1)
