@@ -323,7 +323,7 @@ def own_prompt_signals(replied: NDArray[np.bool_], **reported: ArrayLike | None)
 
 
 def probe_contest(h_pre: NDArray[np.float64], own: OwnPromptSignals) -> tuple[NDArray[np.float64], OwnPromptSignals]:
-    """The contest the trusts read with the probe on: where a client scored the probe (``h_probe`` finite), the
+    """The contest a trust that reads the probe sees: where a client scored the probe (``h_probe`` finite), the
     probe's entropies and votes take the sent prompt's place [N]; elsewhere (no probe yet) the sent prompt's stay."""
     if own.h_probe is None:
         return h_pre, own
@@ -597,8 +597,8 @@ def fedrapp_round(
     ``hm_pre``, ``hm_own``, ``v_pre``, ``v_own`` and the probe's ``h_probe``, ``hm_probe``, ``v_probe``,
     ``v_own_probe`` [N] (NaN where not reported; see :class:`OwnPromptSignals`) and ``state`` (the previous round's
     ``RoundOutput.state``) are read by the trust option only (``trust_rate`` > 0, ours; see the module docstring);
-    with it off they are ignored. With ``trust_probe`` the state returned holds ``PROBE`` [N, d] float32: the
-    prompt each client is to score next round beside its received one.
+    with it off they are ignored. With ``trust_probe`` or ``trust_peer_probe`` the state returned holds ``PROBE``
+    [N, d] float32: the prompt each client is to score next round beside its received one.
     """
     p = params if params is not None else FedRAPPParams()
     if not isinstance(p, FedRAPPParams):
