@@ -216,12 +216,13 @@ class OwnPrompt:
         received = received_logits.detach()
         hm_own, hm_pre = batch_marginal_entropy(logits), batch_marginal_entropy(received)
         received_predictions = received.argmax(-1).cpu()
-        vote_received, vote_own = neighbour_votes(features.cpu(), received_predictions, predictions)
+        host_features = features.cpu()  # the votes' referees, read from the device once for both contests
+        vote_received, vote_own = neighbour_votes(host_features, received_predictions, predictions)
         probe = None
         if self.probe is not None:
             probe_logits = _scored(pclip, self.probe, features)
             probe_predictions = probe_logits.argmax(-1).cpu()
-            vote_probe, vote_own_probe = neighbour_votes(features.cpu(), probe_predictions, predictions)
+            vote_probe, vote_own_probe = neighbour_votes(host_features, probe_predictions, predictions)
             probe = ProbeScore(
                 mean_entropy(probe_logits),
                 batch_marginal_entropy(probe_logits),
