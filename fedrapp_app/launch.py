@@ -62,10 +62,21 @@ class Interrupted(Exception):
     """SIGINT or SIGTERM reached the launcher."""
 
 
+#: The ports :func:`free_port` has handed out in this process.
+_GIVEN_PORTS: set[int] = set()
+
+
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    """A free TCP port on 127.0.0.1 that this process has not handed out before. The probing socket is closed on
+    return, so the OS may offer the same port to the next probe: two SuperNodes given two calls' ports once got the
+    same one, and the second could not bind it (seen in CI)."""
+    while True:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = int(s.getsockname()[1])
+        if port not in _GIVEN_PORTS:
+            _GIVEN_PORTS.add(port)
+            return port
 
 
 _PAIR = re.compile(r"""\s*([^\s=]+)=("[^"]*"|'[^']*'|[^\s'"]+)\s*""")

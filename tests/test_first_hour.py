@@ -470,3 +470,27 @@ def test_a_marked_process_that_shows_up_after_the_others_stopped_is_stopped_too(
     parent.wait(timeout=5)
     time.sleep(1.0)
     assert not marked_pids(launch) and len(killed) == 1  # the late one, with SIGKILL
+
+
+def test_free_port_never_hands_out_the_same_port_twice(monkeypatch):
+    """The OS may offer a just-probed port again (two SuperNodes once got the same one in CI): free_port skips it."""
+    from fedrapp_app import launch
+
+    offered = iter([50001, 50001, 50001, 50002])
+
+    class Probe:
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+        def bind(self, address):
+            self.port = next(offered)
+
+        def getsockname(self):
+            return ("127.0.0.1", self.port)
+
+    monkeypatch.setattr(launch.socket, "socket", Probe)
+    monkeypatch.setattr(launch, "_GIVEN_PORTS", set())
+    assert [launch.free_port(), launch.free_port()] == [50001, 50002]
