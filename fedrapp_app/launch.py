@@ -43,7 +43,7 @@ from typing import Any
 
 from fedrapp_app.config import KEY_BY_NAME, ConfigError, RunConfig, override_hint
 from fedrapp_app.errors import strip_ansi
-from fedrapp_app.processes import LAUNCH_ID_ENV, stop_marked
+from fedrapp_app.processes import LAUNCH_ID_ENV, describe_process, marked_pids, stop_marked
 from fedrapp_app.runlock import LAUNCHER_PID_ENV, RunFolderBusy, check_free
 
 CONNECTION = "fedrapp-sim"
@@ -496,6 +496,10 @@ def _stop_everything(launch_id: str, neutral: Path) -> None:
     """Every process of this launch (``processes.stop_marked``), then the launcher's scratch folder."""
     with contextlib.suppress(Interrupted, KeyboardInterrupt):
         stop_marked(launch_id)
+        left = marked_pids(launch_id)
+        if left:  # SIGKILL cannot take a process stuck in the kernel (state D): say which, so none goes unseen
+            lines = "".join(f"\n  {describe_process(pid)}" for pid in left)
+            print(f"fedrapp-sim: {len(left)} process(es) of the run outlived SIGKILL:{lines}", file=sys.stderr)
     shutil.rmtree(neutral, ignore_errors=True)
 
 

@@ -69,3 +69,17 @@ def stop_marked(launch_id: str, grace: float = 5.0, variable: str = LAUNCH_ID_EN
         time.sleep(0.2)
         pids = marked_pids(launch_id, variable)
     return killed
+
+
+def describe_process(pid: int) -> str:
+    """One line on a process for a message: its PID, command, state, parent and pending signals ('gone' once it
+    has exited). A process with SIGKILL pending (bit 9 of ``SigPnd``/``ShdPnd``) is dying but stuck in the kernel."""
+    try:
+        command = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        lines = Path(f"/proc/{pid}/status").read_text().splitlines()
+        fields = dict(line.split(":", 1) for line in lines if ":" in line)
+    except OSError:
+        return f"{pid} (gone)"
+    status = {key: fields.get(key, "?").strip() for key in ("State", "PPid", "SigPnd", "ShdPnd")}
+    details = ", ".join(f"{key} {value}" for key, value in status.items())
+    return f"{pid} {command.strip()[:80]!r} ({details})"

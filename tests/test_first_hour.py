@@ -29,7 +29,7 @@ from fedrapp_app.errors import clean_reason, describe
 from fedrapp_app.inprocess import InProcessGrid
 from fedrapp_app.launch import app_overrides, parse_pairs, resume_command
 from fedrapp_app.preflight import PreflightError, check_data, check_model
-from fedrapp_app.processes import marked_pids, stop_marked
+from fedrapp_app.processes import describe_process, marked_pids, stop_marked
 from fedrapp_app.results import read_rows, unscored_samples
 from fedrapp_app.runlock import RunFolderBusy, check_free, run_lock
 from fedrapp_app.server import run_server
@@ -470,6 +470,47 @@ def test_a_marked_process_that_shows_up_after_the_others_stopped_is_stopped_too(
     parent.wait(timeout=5)
     time.sleep(1.0)
     assert not marked_pids(launch) and len(killed) == 1  # the late one, with SIGKILL
+
+
+def test_a_marked_process_that_keeps_starting_others_is_stopped_with_all_it_started():
+    """A process that ignores SIGTERM and starts a marked child every 20 ms: children it starts between a scan
+    and its SIGKILL are found by the scans that follow."""
+    launch = "test-" + os.urandom(4).hex()
+    env = {**os.environ, "FEDRAPP_LAUNCH_ID": launch}
+    spawner = (
+        "import signal, subprocess, sys, time\n"
+        "signal.signal(signal.SIGTERM, signal.SIG_IGN); print('up', flush=True)\n"
+        "child = 'import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(60)'\n"
+        "while True:\n"
+        "    subprocess.Popen([sys.executable, '-c', child], start_new_session=True); time.sleep(0.02)"
+    )
+    parent = subprocess.Popen([sys.executable, "-c", spawner], env=env, stdout=subprocess.PIPE)
+    parent.stdout.readline()
+    time.sleep(0.5)
+    assert len(marked_pids(launch)) > 3
+    killed = stop_marked(launch, grace=0.5)
+    parent.wait(timeout=5)
+    time.sleep(1.0)
+    assert not marked_pids(launch) and parent.pid in killed and len(killed) > 3
+
+
+def test_the_launcher_names_a_process_of_the_run_that_outlives_its_stop(monkeypatch, tmp_path, capsys):
+    """SIGKILL cannot take a process stuck in the kernel: the launcher says which one, with its state and signals."""
+    from fedrapp_app import launch as launcher
+
+    launch = "test-" + os.urandom(4).hex()
+    stuck = subprocess.Popen(
+        [sys.executable, "-c", "import time; time.sleep(60)"], env={**os.environ, "FEDRAPP_LAUNCH_ID": launch}
+    )
+    monkeypatch.setattr(launcher, "stop_marked", lambda launch_id: [])  # as if SIGKILL had not taken it
+    try:
+        launcher._stop_everything(launch, tmp_path / "scratch")
+    finally:
+        stuck.kill()
+        stuck.wait()
+    err = capsys.readouterr().err
+    assert "1 process(es) of the run outlived SIGKILL" in err and f"\n  {stuck.pid} " in err and "State " in err
+    assert describe_process(stuck.pid) == f"{stuck.pid} (gone)"
 
 
 def test_free_port_never_hands_out_the_same_port_twice(monkeypatch):

@@ -29,7 +29,7 @@ from fedrapp_app.launch import (
     wait_healthy,
     write_connection,
 )
-from fedrapp_app.processes import LAUNCH_ID_ENV, marked_pids, stop_marked
+from fedrapp_app.processes import LAUNCH_ID_ENV, describe_process, marked_pids, stop_marked
 from fedrapp_app.testbed import world
 from fedrapp_app.testbed.tiny import make_tiny_clip
 
@@ -123,14 +123,6 @@ def _resume_command(stderr: str) -> list[str]:
     return [sys.executable, "-m", "fedrapp_app.launch", *words[1:]]
 
 
-def _cmdline(pid: int) -> str:
-    """A process's command line, for a failure message ('?' once it is gone)."""
-    try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")[:200]
-    except OSError:
-        return "?"
-
-
 def test_sigint_stops_every_process_of_the_run_and_the_resume_matches_an_uninterrupted_run(testbed_tiny, tmp_path):
     config = small_run(testbed_tiny, tmp_path / "out", **{"num-rounds": 0, "testbed-samples": 480, "batch-size": 8})
     whole = _fedrapp_sim(["-c", _as_overrides({**config, "run-name": "whole"})], tmp_path / "flwr-home")
@@ -163,8 +155,8 @@ def test_sigint_stops_every_process_of_the_run_and_the_resume_matches_an_uninter
         exited = time.monotonic()  # the launcher stops every process before it exits (SIGKILL after its grace)
         while marked_pids(marker, "FEDRAPP_TEST_MARK") and time.monotonic() - exited < 15:
             time.sleep(0.5)
-        left = {pid: _cmdline(pid) for pid in marked_pids(marker, "FEDRAPP_TEST_MARK")}
-        assert not left, f"processes of the run outlived the launcher's exit after Ctrl-C by 15 s: {left}"
+        left = [describe_process(pid) for pid in marked_pids(marker, "FEDRAPP_TEST_MARK")]
+        assert not left, f"processes outlived the launcher's exit after Ctrl-C by 15 s: {left}; {stderr[-1500:]}"
     finally:
         if cut.poll() is None:
             os.killpg(cut.pid, signal.SIGKILL)
