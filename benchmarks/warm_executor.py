@@ -53,6 +53,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from vitb16 import load_average  # noqa: E402
 
 from fedrapp_app.deploy.loopback import Loopback  # noqa: E402
+from fedrapp_app.processes import stat_fields  # noqa: E402
 
 ROUND_LINE = re.compile(r"round (\d+) \|.*\| ([\d.]+)s\s*$")
 TICKS = os.sysconf("SC_CLK_TCK")
@@ -96,11 +97,8 @@ def _proc_stats() -> dict[int, tuple[int, float, float]]:
     """pid -> (parent pid, own CPU seconds, CPU seconds of its reaped children), for every readable process."""
     table = {}
     for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:
+        fields = stat_fields(entry.name) if entry.name.isdigit() else None
+        if fields is None:
             continue
         # after the command: state, ppid, ..., utime (11), stime (12), cutime (13), cstime (14), 0-based
         table[int(entry.name)] = (

@@ -18,19 +18,34 @@ from pathlib import Path
 LAUNCH_ID_ENV = "FEDRAPP_LAUNCH_ID"
 
 
+def stat_fields(pid: int | str) -> list[str] | None:
+    """The fields of ``/proc/<pid>/stat`` after the process name, 0-based: state, ppid, pgrp, ..., utime (11),
+    stime (12); None once the process is gone. Read as bytes and cut at the last ')': a process name may hold any
+    byte, ')' included, and a name cut at 15 bytes can split a UTF-8 character (one such process anywhere on
+    the host must not stop a scan)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_bytes()
+    except OSError:
+        return None
+    return stat.rpartition(b")")[2].decode("ascii", errors="replace").split()
+
+
 def marked_pids(launch_id: str, variable: str = LAUNCH_ID_ENV) -> list[int]:
-    """PIDs of the live processes (other than this one) whose environment holds ``variable=launch_id``."""
-    needle = f"{variable}={launch_id}".encode() + b"\0"
+    """PIDs of the live processes (other than this one) whose environment holds ``variable=launch_id``. A marked
+    process whose state cannot be read counts as live (signalling a gone PID is harmless; missing a live one is
+    not)."""
+    needle = b"\0" + f"{variable}={launch_id}".encode() + b"\0"
     found = []
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit() or int(entry.name) == os.getpid():
             continue
         try:
-            environ = (entry / "environ").read_bytes() + b"\0"
-            state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
+            if needle not in b"\0" + (entry / "environ").read_bytes() + b"\0":
+                continue
         except OSError:  # gone, or not ours to read
             continue
-        if state != "Z" and b"\0" + needle in b"\0" + environ:
+        fields = stat_fields(entry.name)
+        if fields is not None and fields[:1] != ["Z"]:
             found.append(int(entry.name))
     return found
 
@@ -76,7 +91,7 @@ def describe_process(pid: int) -> str:
     has exited). A process with SIGKILL pending (bit 9 of ``SigPnd``/``ShdPnd``) is dying but stuck in the kernel."""
     try:
         command = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-        lines = Path(f"/proc/{pid}/status").read_text().splitlines()
+        lines = Path(f"/proc/{pid}/status").read_bytes().decode(errors="replace").splitlines()
         fields = dict(line.split(":", 1) for line in lines if ":" in line)
     except OSError:
         return f"{pid} (gone)"

@@ -24,6 +24,7 @@ from fedrapp_app.deploy.pool import TaskRecord, WarmPool, exit_text
 from fedrapp_app.deploy.protocol import Activated, Done, Pulled, Ready, TaskSpec
 from fedrapp_app.deploy.version import UnsupportedFlowerError, check_flower_version
 from fedrapp_app.deploy.worker import shadowed_preloads
+from fedrapp_app.processes import stat_fields
 
 ROOT = Path(__file__).resolve().parent.parent
 THIS_MODULE = Path(__file__).stem
@@ -265,8 +266,8 @@ def _alive(pid: int) -> bool:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
-    state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    return state != "Z"
+    fields = stat_fields(pid)
+    return fields is not None and fields[:1] != ["Z"]
 
 
 def test_one_worker_serves_every_task_of_a_run_and_each_run_gets_its_own(pool):

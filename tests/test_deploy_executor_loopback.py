@@ -23,6 +23,7 @@ import pytest
 from flwr.common.constant import ErrorCode
 
 from fedrapp_app.deploy.loopback import Loopback, descendants
+from fedrapp_app.processes import stat_fields
 from fedrapp_app.testbed import world
 from fedrapp_app.testbed.tiny import make_tiny_clip
 
@@ -201,10 +202,8 @@ def test_failures_cost_one_message_and_runs_never_share_a_worker(tmp_path):
 
 
 def alive(pid: int) -> bool:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
+    fields = stat_fields(pid)
+    return fields is not None and fields[:1] != ["Z"]
 
 
 @pytest.fixture(scope="module")

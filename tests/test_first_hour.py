@@ -29,7 +29,7 @@ from fedrapp_app.errors import clean_reason, describe
 from fedrapp_app.inprocess import InProcessGrid
 from fedrapp_app.launch import app_overrides, parse_pairs, resume_command
 from fedrapp_app.preflight import PreflightError, check_data, check_model
-from fedrapp_app.processes import describe_process, marked_pids, stop_marked
+from fedrapp_app.processes import describe_process, marked_pids, stat_fields, stop_marked
 from fedrapp_app.results import read_rows, unscored_samples
 from fedrapp_app.runlock import RunFolderBusy, check_free, run_lock
 from fedrapp_app.server import run_server
@@ -492,6 +492,27 @@ def test_a_marked_process_that_keeps_starting_others_is_stopped_with_all_it_star
     parent.wait(timeout=5)
     time.sleep(1.0)
     assert not marked_pids(launch) and parent.pid in killed and len(killed) > 3
+
+
+def test_a_process_with_an_odd_name_anywhere_on_the_host_does_not_stop_the_scan():
+    """A process name that is not UTF-8 (a 15-byte cut can split a character), marked or not, is read as bytes."""
+    launch = "test-" + os.urandom(4).hex()
+    odd_name = "open('/proc/self/comm', 'wb').write(b'a)b \\xe4\\xb8'); print('up', flush=True); "
+    odd_name += "__import__('time').sleep(60)"
+    odd = [
+        subprocess.Popen([sys.executable, "-c", odd_name], env=env, stdout=subprocess.PIPE)
+        for env in (dict(os.environ), {**os.environ, "FEDRAPP_LAUNCH_ID": launch})
+    ]
+    try:
+        for process in odd:
+            process.stdout.readline()
+        assert all(stat_fields(process.pid)[1] == str(os.getpid()) for process in odd)  # the parent, past the name
+        assert marked_pids(launch) == [odd[1].pid]
+        assert stop_marked(launch, grace=1.0) == [] and odd[1].wait(timeout=5) == -signal.SIGTERM
+    finally:
+        for process in odd:
+            process.kill()
+            process.wait()
 
 
 def test_the_launcher_names_a_process_of_the_run_that_outlives_its_stop(monkeypatch, tmp_path, capsys):

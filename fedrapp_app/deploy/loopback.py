@@ -36,7 +36,7 @@ from fedrapp_app.launch import (
     wait_healthy,
     write_connection,
 )
-from fedrapp_app.processes import LAUNCH_ID_ENV, stop_marked
+from fedrapp_app.processes import LAUNCH_ID_ENV, stat_fields, stop_marked
 
 Executor = Literal["stock", "warm"]
 CONNECTION = "loopback"
@@ -54,9 +54,9 @@ def descendants(root: int) -> list[int]:
     """The live processes below ``root`` (not itself), read from /proc."""
     parents: dict[int, int] = {}
     for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            with contextlib.suppress(OSError, IndexError, ValueError):
-                parents[int(entry.name)] = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+        fields = stat_fields(entry.name) if entry.name.isdigit() else None
+        if fields is not None and len(fields) > 1 and fields[1].isdigit():
+            parents[int(entry.name)] = int(fields[1])
     found, todo = [], [root]
     while todo:
         current = todo.pop()
@@ -70,11 +70,9 @@ def group_members(pgid: int) -> list[int]:
     """The live (not zombie) processes of process group ``pgid``, read from /proc."""
     members = []
     for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            with contextlib.suppress(OSError, IndexError, ValueError):
-                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-                if int(fields[2]) == pgid and fields[0] != "Z":
-                    members.append(int(entry.name))
+        fields = stat_fields(entry.name) if entry.name.isdigit() else None
+        if fields is not None and len(fields) > 2 and fields[2] == str(pgid) and fields[0] != "Z":
+            members.append(int(entry.name))
     return members
 
 
