@@ -494,12 +494,20 @@ def launch(args: argparse.Namespace, app_dir: Path, values: dict, config: RunCon
 
 def _stop_everything(launch_id: str, neutral: Path) -> None:
     """Every process of this launch (``processes.stop_marked``), then the launcher's scratch folder."""
-    with contextlib.suppress(Interrupted, KeyboardInterrupt):
+    try:
         stop_marked(launch_id)
         left = marked_pids(launch_id)
         if left:  # SIGKILL cannot take a process stuck in the kernel (state D): say which, so none goes unseen
             lines = "".join(f"\n  {describe_process(pid)}" for pid in left)
             print(f"fedrapp-sim: {len(left)} process(es) of the run outlived SIGKILL:{lines}", file=sys.stderr)
+    except (Interrupted, KeyboardInterrupt):
+        pass  # a second Ctrl-C cuts this stop short; launch() stops once more in its finally
+    except Exception as err:  # noqa: BLE001 - the resume command and the report matter more; say how to finish
+        print(
+            f"fedrapp-sim: could not stop the run's processes ({type(err).__name__}: {err}); they carry "
+            f"{LAUNCH_ID_ENV}={launch_id} in their environment (`grep -l` it in /proc/*/environ)",
+            file=sys.stderr,
+        )
     shutil.rmtree(neutral, ignore_errors=True)
 
 
