@@ -505,7 +505,8 @@ def _stop_everything(launch_id: str, neutral: Path) -> None:
     except Exception as err:  # noqa: BLE001 - the resume command and the report matter more; say how to finish
         print(
             f"fedrapp-sim: could not stop the run's processes ({type(err).__name__}: {err}); they carry "
-            f"{LAUNCH_ID_ENV}={launch_id} in their environment (`grep -l` it in /proc/*/environ)",
+            f"{LAUNCH_ID_ENV}={launch_id} in their environment; list them with: "
+            f"grep -l {LAUNCH_ID_ENV}={launch_id} /proc/[0-9]*/environ",
             file=sys.stderr,
         )
     shutil.rmtree(neutral, ignore_errors=True)

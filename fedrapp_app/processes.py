@@ -31,9 +31,9 @@ def stat_fields(pid: int | str) -> list[str] | None:
 
 
 def marked_pids(launch_id: str, variable: str = LAUNCH_ID_ENV) -> list[int]:
-    """PIDs of the live processes (other than this one) whose environment holds ``variable=launch_id``. A marked
-    process whose state cannot be read counts as live (signalling a gone PID is harmless; missing a live one is
-    not)."""
+    """PIDs of the live processes (other than this one) whose environment holds ``variable=launch_id``: zombies
+    and processes gone since the environment was read are left out; a stat line without a state counts as live
+    (signalling a gone PID is harmless; missing a live one is not)."""
     needle = b"\0" + f"{variable}={launch_id}".encode() + b"\0"
     found = []
     for entry in Path("/proc").iterdir():

@@ -532,7 +532,9 @@ def test_the_launcher_names_a_process_of_the_run_that_outlives_its_stop(monkeypa
     err = capsys.readouterr().err
     monkeypatch.setattr(launcher, "stop_marked", lambda launch_id: 1 / 0)  # a scan that fails: say how to finish
     launcher._stop_everything(launch, tmp_path / "scratch")
-    assert f"ZeroDivisionError: division by zero); they carry FEDRAPP_LAUNCH_ID={launch}" in capsys.readouterr().err
+    err_failed = capsys.readouterr().err
+    assert f"ZeroDivisionError: division by zero); they carry FEDRAPP_LAUNCH_ID={launch}" in err_failed
+    assert f"grep -l FEDRAPP_LAUNCH_ID={launch} /proc/[0-9]*/environ" in err_failed
     assert "1 process(es) of the run outlived SIGKILL" in err and f"\n  {stuck.pid} " in err and "State " in err
     assert describe_process(stuck.pid) == f"{stuck.pid} (gone)"
 
