@@ -7,7 +7,7 @@ import pytest
 from PIL import Image
 
 from fedrapp_app.bench import write_rows
-from fedrapp_app.bench.stats import settings_of
+from fedrapp_app.bench.stats import mean_std, settings_of
 from fedrapp_app.bench.trust import (
     candidate,
     centred,
@@ -16,6 +16,7 @@ from fedrapp_app.bench.trust import (
     honesty,
     main,
     own_prompt_pairs,
+    thresholds_within_noise,
     trust_summary_markdown,
     trust_timing,
     trust_timing_markdown,
@@ -128,16 +129,38 @@ def test_goal_check_pools_the_grids_and_judges_each_option_row():
     rows += cells("trust a", "fedrapp", 0.516, "option", **{"trust-rate": 1.0})  # keeps 80% of it
     rows += cells("trust b", "fedrapp", 0.515, "option", **{"trust-rate": 1.0})  # keeps 75%: fails
     text = goal_check_markdown(settings_of(rows))
-    assert "| S1 | im | trust a | +1.60 ± 0.00 | +2.60 ± 0.00 | +2.00 | 80% | yes |" in text
-    assert "| S1 | im | trust b | +1.50 ± 0.00 | +2.50 ± 0.00 | +2.00 | 75% | **no** |" in text
+    # zero spread over the seeds: each interval is a point, which holds a threshold only where the mean is on it
+    assert "| S1 | im | trust a | +1.60 ± 0.00 | +2.60 ± 0.00 | +2.00 | 80% | yes | [+1.60, +1.60] | +1.60 |" in text
+    assert "| S1 | im | trust b | +1.50 ± 0.00 | +2.50 ± 0.00 | +2.00 | 75% | **no** | [+1.50, +1.50] | none |" in text
     assert "| S1 | im | fedrapp | +2.00 ± 0.00 | +3.00 ± 0.00 | +2.00 | 100% | yes |" in text  # the paper's, beside
     assert "| fedavg |" not in text  # only the option's rows and the paper's rule are judged
-    assert "| trust b | 0 of 1 | +1.50 | +1.50 | 1 of 1 |" in text  # the totals per rule
+    assert "| trust b | 0 of 1 | +1.50 | +1.50 | 1 of 1 | 0 of 1 |" in text  # the totals per rule
     losing = rows[:4] + cells("trust c", "fedrapp", 0.4975, "option", **{"trust-rate": 1.0})  # 0.25 below none-fed
-    assert "| S1 | im | trust c | -0.25 ± 0.00 | +0.75 ± 0.00 | – | – | **no** |" in goal_check_markdown(
-        settings_of(losing)
+    assert "| S1 | im | trust c | -0.25 ± 0.00 | +0.75 ± 0.00 | – | – | **no** | [-0.25, -0.25] | none |" in (
+        goal_check_markdown(settings_of(losing))
     )
     assert goal_check_markdown(settings_of(rows[:6])) == ""  # no option ran
+
+
+def test_a_miss_whose_interval_holds_the_threshold_is_marked_within_noise():
+    # Δ vs none-fed per seed: −0.55, +0.25 points (mean −0.15, std 0.57): the 95% interval, mean ± 12.71·0.40,
+    # holds the −0.2 threshold, so the "yes" is the seeds'; an option 1 point below none-fed on both is a clear miss.
+    def cells(rule, strategy, accs, **config):
+        return [row(rule, strategy, seed, acc, {}, "g", **config) for seed, acc in enumerate(accs)]
+
+    rows = cells("none-fed", "none-fed", [0.50, 0.50]) + cells("fedavg", "fedavg", [0.49, 0.49])
+    rows += cells("trust noisy", "fedrapp", [0.4945, 0.5025], **{"trust-rate": 1.0})
+    rows += cells("trust clear", "fedrapp", [0.4900, 0.4900], **{"trust-rate": 1.0})
+    text = goal_check_markdown(settings_of(rows))
+    noisy = next(line for line in text.splitlines() if line.startswith("| S1 | im | trust noisy |"))
+    assert noisy.endswith("| yes | [-5.23, +4.93] | -0.20 |")
+    clear = next(line for line in text.splitlines() if line.startswith("| S1 | im | trust clear |"))
+    assert clear.endswith("| **no** | [-1.00, -1.00] | none |")
+    assert "| trust clear | 0 of 1 | -1.00 | -1.00 | 0 of 1 | 0 of 1 |" in text  # ties FedAvg, not above
+    # the 80% check's threshold counts too, and nothing is said under two seeds
+    stat = mean_std([0.004, 0.008])  # +0.4, +0.8 points: interval [-1.94, +3.14] holds 80% of a +1 point gain
+    assert thresholds_within_noise(stat, 0.01) == pytest.approx([-0.002, 0.008])
+    assert thresholds_within_noise(mean_std([0.004]), 0.01) is None
 
 
 def test_the_report_writes_its_tables_and_figures(tmp_path):

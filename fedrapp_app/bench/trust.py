@@ -23,6 +23,7 @@ Labels enter only the scoring (Δacc, accuracies), never a signal.
 from __future__ import annotations
 
 import io
+import math
 import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -33,7 +34,7 @@ import numpy as np
 
 from fedrapp_app.bench.personalization import paired_gap, save_small_png
 from fedrapp_app.bench.rows import report_input, report_main, write_text_atomic
-from fedrapp_app.bench.stats import Setting, mean_std, settings_of
+from fedrapp_app.bench.stats import Setting, Stat, mean_std, settings_of
 
 #: The label-free candidates, by name: a function of the arrays (e, dm, nb) -> signal, with e = H_own − H_pre,
 #: dm = Hm_own − Hm_pre and nb = V_pre − V_own (the neighbour votes of methods.base.neighbour_votes); every
@@ -337,20 +338,34 @@ def is_trust(setting: Setting) -> bool:
     return float(setting.rows[0]["config"].get("trust-rate", 0.0)) > 0
 
 
+def thresholds_within_noise(vs_none: Stat, best: float) -> list[float] | None:
+    """The goal's thresholds on the gap to none-fed (−0.2 points, and 80% of ``best`` where ``best`` > 0) that lie
+    inside the 95% Student-t interval of the gap's mean [fractions]: where one does, the seeds cannot tell the
+    option's side of it, whatever the verdict says. ``best`` is taken as exact (it is a mean over the same seeds,
+    so the interval understates the noise of the 80% check). None under 2 seeds (no interval)."""
+    low, high = vs_none.ci95()
+    if not (math.isfinite(low) and math.isfinite(high)):
+        return None
+    thresholds = [-NONE_FED_MARGIN] + ([KEPT_GAIN * best] if best > 0 else [])
+    return [t for t in thresholds if low <= t <= high]
+
+
 def goal_check_markdown(
     settings: Sequence[Setting], gain_rules: Sequence[str] = GAIN_RULES, also: Sequence[str] = ("fedrapp",)
 ) -> str:
     """The issue's goal, per (setting, method) and trust-option rule, pooling every grid of a [method, rule] bench:
     the paired gap to none-fed (goal: ≥ −0.2 points), to FedAvg (goal: not below by more than noise, i.e. mean +
     std ≥ 0) and, where a ``gain_rules`` row gains over none-fed, the share of the best such gain the option keeps
-    (goal: ≥ 80%). The rules named in ``also`` (the paper's rule) are judged the same way, for comparison. Empty
-    when no setting ran the option."""
+    (goal: ≥ 80%). The rules named in ``also`` (the paper's rule) are judged the same way, for comparison. A last
+    column names the thresholds on the gap to none-fed that its 95% interval contains
+    (:func:`thresholds_within_noise`): a verdict the seeds cannot decide. Empty when no setting ran the option."""
     table: dict[tuple[str, str], dict[str, Setting]] = {}
     for s in settings:
         if len(s.compare) == 2 and s.compare[1] in s.labels:
             table.setdefault((s.context_name, s.labels[s.compare[0]]), {})[s.labels[s.compare[1]]] = s
     lines = []
-    totals: dict[str, list[tuple[bool, float, bool]]] = {}  # rule -> per (setting, method): met, Δ none-fed, ≥ FedAvg
+    # rule -> per (setting, method): met, Δ none-fed, above FedAvg, a threshold inside the gap's 95% interval
+    totals: dict[str, list[tuple[bool, float, bool, bool]]] = {}
     for (context, method), block in table.items():
         none_fed = next((s for s in block.values() if s.strategy == "none-fed"), None)
         fedavg = next((s for s in block.values() if s.strategy == "fedavg"), None)
@@ -370,28 +385,34 @@ def goal_check_markdown(
             if best > 0:
                 checks.append(kept >= KEPT_GAIN)
             above_fedavg = vs_avg is not None and vs_avg.n > 0 and vs_avg.mean > 0
-            totals.setdefault(label, []).append((all(checks), vs_none.mean, above_fedavg))
+            noisy = thresholds_within_noise(vs_none, best)
+            totals.setdefault(label, []).append((all(checks), vs_none.mean, above_fedavg, bool(noisy)))
             lines.append(
                 f"| {context} | {method} | {label} | {vs_none.format(signed=True)} | "
                 f"{vs_avg.format(signed=True) if vs_avg is not None else '–'} | "
                 f"{f'{100 * best:+.2f}' if best == best else '–'} | {f'{100 * kept:.0f}%' if kept == kept else '–'} | "
-                f"{'yes' if all(checks) else '**no**'} |"
+                f"{'yes' if all(checks) else '**no**'} | {vs_none.format_ci95()} | "
+                f"{'–' if noisy is None else ', '.join(f'{100 * t:+.2f}' for t in noisy) or 'none'} |"
             )
     if not any(is_trust(s) for s in settings):
         return ""
     head = (
-        "| setting | method | option | Δ vs none-fed | Δ vs fedavg | best FedRAPP gain | kept | goal met |\n"
-        "|---|---|---|---|---|---|---|---|\n"
+        "| setting | method | option | Δ vs none-fed | Δ vs fedavg | best FedRAPP gain | kept | goal met | "
+        "Δ vs none-fed, 95% CI | thresholds inside the CI |\n"
+        "|---|---|---|---|---|---|---|---|---|---|\n"
     )
     summary = (
-        "\n| rule | goal met | mean Δ vs none-fed | worst Δ vs none-fed | above FedAvg (mean) |\n"
-        "|---|---|---|---|---|\n"
+        "\n| rule | goal met | mean Δ vs none-fed | worst Δ vs none-fed | above FedAvg (mean) | "
+        "misses with a threshold inside the CI |\n"
+        "|---|---|---|---|---|---|\n"
     )
     for label, judged in totals.items():
-        gaps = [gap for _, gap, _ in judged]
+        gaps = [gap for _, gap, _, _ in judged]
+        misses = [noisy for met, _, _, noisy in judged if not met]
         summary += (
-            f"| {label} | {sum(met for met, _, _ in judged)} of {len(judged)} | {100 * np.mean(gaps):+.2f} | "
-            f"{100 * min(gaps):+.2f} | {sum(above for _, _, above in judged)} of {len(judged)} |\n"
+            f"| {label} | {sum(met for met, *_ in judged)} of {len(judged)} | {100 * np.mean(gaps):+.2f} | "
+            f"{100 * min(gaps):+.2f} | {sum(above for _, _, above, _ in judged)} of {len(judged)} | "
+            f"{sum(misses)} of {len(misses)} |\n"
         )
     return head + "\n".join(lines) + "\n" + summary
 
