@@ -180,6 +180,22 @@ def test_the_report_writes_its_tables_and_figures(tmp_path):
     assert main([str(tmp_path / "empty")]) == 2
 
 
+def test_several_bench_directories_pool_their_seeds_and_a_cell_in_two_is_refused(tmp_path, capsys):
+    def cells(seeds):
+        return [row(rule, strategy, seed, acc + seed / 100, {}) for rule, strategy, acc in (
+            ("none-fed", "none-fed", 0.50), ("trust", "fedrapp", 0.52)) for seed in seeds]  # fmt: skip
+
+    write_rows(tmp_path / "a", cells([0, 1]))
+    write_rows(tmp_path / "b", cells([2]))
+    assert main([str(tmp_path / "a"), str(tmp_path / "b"), "--out", str(tmp_path / "out")]) == 0
+    text = (tmp_path / "out" / "trust.md").read_text()
+    assert text.startswith("# Own-prompt signal and trust option: `a` + `b`")
+    assert "| S1 | im | 51.00 ± 1.00 | 53.00 ± 1.00 |" in text  # seeds 0, 1, 2 in one setting
+    write_rows(tmp_path / "c", cells([1]))  # seed 1's cells again
+    assert main([str(tmp_path / "a"), str(tmp_path / "c"), "--out", str(tmp_path / "out")]) == 2
+    assert "is in both" in capsys.readouterr().err
+
+
 def test_the_trust_summary_pools_every_client_round_and_counts_the_votes():
     e, dm, dacc = [0.1, 0.1, 0.1], [0.0, 0.0, 0.0], [0.0, 0.0, 0.0]
     block = own_block("blur", e, dm, dacc, trust=True, nb=[0.1, 0.0, -0.1])  # a win, a tie, a loss

@@ -67,13 +67,35 @@ def read_rows(bench_dir: str | Path) -> list[dict[str, Any]]:
     return rows
 
 
-def report_input(bench_dir: str | Path, out_dir: str | Path | None, default_out: str) -> tuple[list[dict], Path]:
-    """What a report module starts from: the finished rows of ``bench_dir`` (``FileNotFoundError`` when there
-    are none) and its output folder, created (``out_dir``, or ``<bench-dir>/<default_out>``)."""
-    rows = read_rows(bench_dir)
+def read_pooled_rows(bench_dirs: Sequence[str | Path]) -> list[dict[str, Any]]:
+    """The rows of several bench directories together, e.g. the same grids run on other seeds, so that a report
+    pools them per setting; a cell (its key) found in two directories is refused, as it would count twice."""
+    rows: list[dict[str, Any]] = []
+    seen: dict[str, Path] = {}
+    for bench_dir in bench_dirs:
+        for row in read_rows(bench_dir):
+            key = str(row.get("key"))
+            if key in seen:
+                raise ValueError(
+                    f"cell {row.get('id', key)} is in both {seen[key]} and {bench_dir}: pool directories of "
+                    "different cells (e.g. other seeds), not copies of one"
+                )
+            seen[key] = Path(bench_dir)
+            rows.append(row)
+    return rows
+
+
+def report_input(
+    bench_dir: str | Path | Sequence[str | Path], out_dir: str | Path | None, default_out: str
+) -> tuple[list[dict], Path]:
+    """What a report module starts from: the finished rows of ``bench_dir`` (several directories: their rows
+    pooled, :func:`read_pooled_rows`; ``FileNotFoundError`` when there are none) and its output folder, created
+    (``out_dir``, or ``<first bench-dir>/<default_out>``)."""
+    dirs = [bench_dir] if isinstance(bench_dir, str | Path) else list(bench_dir)
+    rows = read_pooled_rows(dirs)
     if not rows:
-        raise FileNotFoundError(f"no finished cells in {rows_path(bench_dir)}")
-    out = Path(out_dir) if out_dir else Path(bench_dir) / default_out
+        raise FileNotFoundError(f"no finished cells in {', '.join(str(rows_path(d)) for d in dirs)}")
+    out = Path(out_dir) if out_dir else Path(dirs[0]) / default_out
     out.mkdir(parents=True, exist_ok=True)
     return rows, out
 
@@ -95,15 +117,27 @@ def write_text_atomic(path: Path, text: str) -> None:
 
 
 def report_main(
-    argv: list[str] | None, prog: str, doc: str, write: Callable[[Path, Path | None], Path], default_out: str
+    argv: list[str] | None,
+    prog: str,
+    doc: str,
+    write: Callable[[Any, Path | None], Path],
+    default_out: str,
+    pool: bool = False,
 ) -> int:
-    """The command line of a report module: ``<bench-dir> [--out DIR]``; prints the written path, 2 on bad input."""
+    """The command line of a report module: ``<bench-dir> [--out DIR]``; prints the written path, 2 on bad input.
+    With ``pool``, several bench directories may be given, and ``write`` gets their list (one: the path alone)."""
     parser = argparse.ArgumentParser(prog=prog, description=doc.splitlines()[0])
-    parser.add_argument("bench_dir", type=Path, help="a bench directory (holds cells.jsonl)")
+    if pool:
+        parser.add_argument(
+            "bench_dir", type=Path, nargs="+", help="bench directories (hold cells.jsonl); several pool their rows"
+        )
+    else:
+        parser.add_argument("bench_dir", type=Path, help="a bench directory (holds cells.jsonl)")
     parser.add_argument("--out", type=Path, default=None, help=f"where to write (default: <bench-dir>/{default_out})")
     args = parser.parse_args(argv)
+    bench = args.bench_dir[0] if pool and len(args.bench_dir) == 1 else args.bench_dir
     try:
-        print(write(args.bench_dir, args.out))
+        print(write(bench, args.out))
     except (FileNotFoundError, ValueError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

@@ -1,7 +1,8 @@
-"""``python -m fedrapp_app.bench.trust <bench-dir>``: is the own-prompt signal honest, and does the trust option meet
-its goal? (docs/results/personalization.md, "Personalization that never hurts").
+"""``python -m fedrapp_app.bench.trust <bench-dir> [<bench-dir> ...]``: is the own-prompt signal honest, and does the
+trust option meet its goal? (docs/results/personalization.md, "Personalization that never hurts").
 
-Reads only ``<bench-dir>/cells.jsonl`` and writes ``trust.md`` (and ``signal-<grid>.png``) into ``--out``:
+Reads only ``<bench-dir>/cells.jsonl`` and writes ``trust.md`` (and ``signal-<grid>.png``) into ``--out``; several
+bench directories (the same grids on other seeds) pool their rows per setting:
 
 * **Signal honesty**, per setting that ran with ``report-own-prompt`` (or the trust option): for every (client,
   round) in which the client had an own prompt, the real accuracy change of what the server sent over what the
@@ -516,12 +517,14 @@ def trust_figure(settings: Sequence[Setting], title: str, path: Path) -> Path | 
     return path
 
 
-def write_trust(bench_dir: str | Path, out_dir: str | Path | None = None) -> Path:
-    """Write ``trust.md`` (signal honesty and goal tables of every grid) and the signal figures."""
+def write_trust(bench_dir: str | Path | Sequence[str | Path], out_dir: str | Path | None = None) -> Path:
+    """Write ``trust.md`` (signal honesty and goal tables of every grid) and the signal figures; several bench
+    directories (the same grids on other seeds) are pooled per setting."""
     rows, out = report_input(bench_dir, out_dir, "trust")
     settings = settings_of(rows)
+    names = [Path(d).name for d in ([bench_dir] if isinstance(bench_dir, str | Path) else bench_dir)]
     text = io.StringIO()
-    text.write(f"# Own-prompt signal and trust option: `{Path(bench_dir).name}`\n\n")
+    text.write(f"# Own-prompt signal and trust option: {' + '.join(f'`{n}`' for n in names)}\n\n")
     for grid in dict.fromkeys(s.grid for s in settings):
         members = [s for s in settings if s.grid == grid]
         text.write(f"## {grid}\n\nOnline accuracy (micro, %), mean ± std over seeds:\n\n")
@@ -565,7 +568,7 @@ def write_trust(bench_dir: str | Path, out_dir: str | Path | None = None) -> Pat
 
 
 def main(argv: list[str] | None = None) -> int:
-    return report_main(argv, "python -m fedrapp_app.bench.trust", __doc__, write_trust, "trust")
+    return report_main(argv, "python -m fedrapp_app.bench.trust", __doc__, write_trust, "trust", pool=True)
 
 
 if __name__ == "__main__":
