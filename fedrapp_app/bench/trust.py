@@ -1,5 +1,6 @@
-"""``python -m fedrapp_app.bench.trust <bench-dir> [<bench-dir> ...]``: is the own-prompt signal honest, and does the
-trust option meet its goal? (docs/results/personalization.md, "Personalization that never hurts").
+"""``python -m fedrapp_app.bench.trust <bench-dir> ...``: is the own-prompt signal honest, is the goal met?
+
+(docs/results/personalization.md, "Personalization that never hurts".)
 
 Reads only ``<bench-dir>/cells.jsonl`` and writes ``trust.md`` (and ``signal-<grid>.png``) into ``--out``; several
 bench directories (the same grids on other seeds) pool their rows per setting:
