@@ -181,9 +181,12 @@ def test_the_report_writes_its_tables_and_figures(tmp_path):
 
 
 def test_several_bench_directories_pool_their_seeds_and_a_cell_in_two_is_refused(tmp_path, capsys):
-    def cells(seeds):
-        return [row(rule, strategy, seed, acc + seed / 100, {}) for rule, strategy, acc in (
-            ("none-fed", "none-fed", 0.50), ("trust", "fedrapp", 0.52)) for seed in seeds]  # fmt: skip
+    trust = {"trust-rate": 1.0}
+
+    def cells(seeds, rule="trust", acc=0.52):
+        return [row("none-fed", "none-fed", seed, 0.50 + seed / 100, {}) for seed in seeds] + [
+            row(rule, "fedrapp", seed, acc + seed / 100, {}, **trust) for seed in seeds
+        ]
 
     write_rows(tmp_path / "a", cells([0, 1]))
     write_rows(tmp_path / "b", cells([2]))
@@ -191,6 +194,13 @@ def test_several_bench_directories_pool_their_seeds_and_a_cell_in_two_is_refused
     text = (tmp_path / "out" / "trust.md").read_text()
     assert text.startswith("# Own-prompt signal and trust option: `a` + `b`")
     assert "| S1 | im | 51.00 ± 1.00 | 53.00 ± 1.00 |" in text  # seeds 0, 1, 2 in one setting
+    assert "| S1 | im | trust | +2.00 ± 0.00 |" in text  # judged over the three
+    # a rule that ran on seeds 0 and 1 only (the first directory) is left out of the goal check, and said so
+    write_rows(tmp_path / "d", [row("trust old", "fedrapp", seed, 0.51, {}, **trust) for seed in (0, 1)])
+    assert main([str(tmp_path / "a"), str(tmp_path / "b"), str(tmp_path / "d"), "--out", str(tmp_path / "out")]) == 0
+    text = (tmp_path / "out" / "trust.md").read_text()
+    assert "| S1 | im | trust | +2.00 ± 0.00 |" in text and "| S1 | im | trust old |" not in text
+    assert "Not judged (fewer seeds than none-fed, whose seeds the best gain is taken over): trust old (2 of 3" in text
     write_rows(tmp_path / "c", cells([1]))  # seed 1's cells again
     assert main([str(tmp_path / "a"), str(tmp_path / "c"), "--out", str(tmp_path / "out")]) == 2
     assert "is in both" in capsys.readouterr().err

@@ -360,7 +360,9 @@ def goal_check_markdown(
     std ≥ 0) and, where a ``gain_rules`` row gains over none-fed, the share of the best such gain the option keeps
     (goal: ≥ 80%). The rules named in ``also`` (the paper's rule) are judged the same way, for comparison. A last
     column names the thresholds on the gap to none-fed that its 95% interval contains
-    (:func:`thresholds_within_noise`): a verdict the seeds cannot decide. Empty when no setting ran the option."""
+    (:func:`thresholds_within_noise`): a verdict the seeds cannot decide. A rule with fewer seeds than none-fed
+    (pooled benches where it ran on some seeds only) is not judged, and named below. Empty when no setting ran the
+    option."""
     table: dict[tuple[str, str], dict[str, Setting]] = {}
     for s in settings:
         if len(s.compare) == 2 and s.compare[1] in s.labels:
@@ -368,6 +370,7 @@ def goal_check_markdown(
     lines = []
     # rule -> per (setting, method): met, Δ none-fed, above FedAvg, a threshold inside the gap's 95% interval
     totals: dict[str, list[tuple[bool, float, bool, bool]]] = {}
+    partial: dict[str, str] = {}  # rule -> its seeds against none-fed's, where it has fewer (not judged)
     for (context, method), block in table.items():
         none_fed = next((s for s in block.values() if s.strategy == "none-fed"), None)
         fedavg = next((s for s in block.values() if s.strategy == "fedavg"), None)
@@ -377,6 +380,9 @@ def goal_check_markdown(
         best = max((g.mean for g in gains if g.n), default=float("nan"))
         for label, option in block.items():
             if not (is_trust(option) or label in also):
+                continue
+            if len(option.rows) < len(none_fed.rows):  # pooled benches: a rule that ran on some of the seeds only
+                partial.setdefault(label, f"{len(option.rows)} of {len(none_fed.rows)}")
                 continue
             vs_none = paired_gap(option, none_fed)
             vs_avg = paired_gap(option, fedavg) if fedavg is not None else None
@@ -415,6 +421,10 @@ def goal_check_markdown(
             f"| {label} | {sum(met for met, *_ in judged)} of {len(judged)} | {100 * np.mean(gaps):+.2f} | "
             f"{100 * min(gaps):+.2f} | {sum(above for _, _, above, _ in judged)} of {len(judged)} | "
             f"{sum(misses)} of {len(misses)} |\n"
+        )
+    if partial:
+        summary += "\nNot judged (fewer seeds than none-fed, whose seeds the best gain is taken over): " + (
+            "; ".join(f"{label} ({seeds} seeds)" for label, seeds in partial.items()) + ".\n"
         )
     return head + "\n".join(lines) + "\n" + summary
 
