@@ -493,10 +493,11 @@ def launch(args: argparse.Namespace, app_dir: Path, values: dict, config: RunCon
 
 
 def _stop_everything(launch_id: str, neutral: Path) -> None:
-    """Every process of this launch (``processes.stop_marked``), then the launcher's scratch folder."""
+    """Every process of this launch (``processes.stop_marked``: its mark, or its working directory in the
+    launcher's scratch folder ``neutral``), then that folder."""
     try:
-        stop_marked(launch_id)
-        left = marked_pids(launch_id)
+        stop_marked(launch_id, cwd=neutral)
+        left = marked_pids(launch_id, cwd=neutral)
         if left:  # SIGKILL cannot take a process stuck in the kernel (state D): say which, so none goes unseen
             lines = "".join(f"\n  {describe_process(pid)}" for pid in left)
             print(f"fedrapp-sim: {len(left)} process(es) of the run outlived SIGKILL:{lines}", file=sys.stderr)
@@ -505,8 +506,8 @@ def _stop_everything(launch_id: str, neutral: Path) -> None:
     except Exception as err:  # noqa: BLE001 - the resume command and the report matter more; say how to finish
         print(
             f"fedrapp-sim: could not stop the run's processes ({type(err).__name__}: {err}); they carry "
-            f"{LAUNCH_ID_ENV}={launch_id} in their environment; list them with: "
-            f"grep -l {LAUNCH_ID_ENV}={launch_id} /proc/[0-9]*/environ",
+            f"{LAUNCH_ID_ENV}={launch_id} in their environment or work in {neutral}; list them with: "
+            f"grep -l {LAUNCH_ID_ENV}={launch_id} /proc/[0-9]*/environ; ls -l /proc/[0-9]*/cwd | grep {neutral}",
             file=sys.stderr,
         )
     shutil.rmtree(neutral, ignore_errors=True)

@@ -5,6 +5,12 @@ server, raylet, dashboard agents and workers in sessions of their own, and some 
 (or ignore SIGTERM). So ``fedrapp-sim`` marks its environment with a launch id (``FEDRAPP_LAUNCH_ID``), which
 every process started below it inherits, and ``stop_marked`` finds them all by that mark in
 ``/proc/<pid>/environ``: SIGTERM, a grace period, then SIGKILL for what is left.
+
+The environment is not always readable: Ray's dashboard and runtime-env agents restarted by the raylet while a
+run stopped were seen with ``/proc/<pid>/environ`` all zero bytes (and their command line cut to their title), and
+they outlived SIGTERM. So a run also starts its processes in a scratch folder of its own, which they inherit as
+their working directory (``/proc/<pid>/cwd``, readable whatever a process does to its memory, and still
+``<folder> (deleted)`` once the folder is gone), and the stop finds a process by either mark.
 """
 
 from __future__ import annotations
@@ -30,19 +36,35 @@ def stat_fields(pid: int | str) -> list[str] | None:
     return stat.rpartition(b")")[2].decode("ascii", errors="replace").split()
 
 
-def marked_pids(launch_id: str, variable: str = LAUNCH_ID_ENV) -> list[int]:
-    """PIDs of the live processes (other than this one) whose environment holds ``variable=launch_id``: zombies
-    and processes gone since the environment was read are left out; a stat line without a state counts as live
-    (signalling a gone PID is harmless; missing a live one is not)."""
+def _has_mark(entry: Path, needle: bytes) -> bool:
+    try:
+        return needle in b"\0" + (entry / "environ").read_bytes() + b"\0"
+    except OSError:  # gone, or not ours to read
+        return False
+
+
+def _works_in(entry: Path, folder: str) -> bool:
+    """Whether the process's working directory is ``folder`` or below it (also once the folder was deleted)."""
+    try:
+        cwd = os.readlink(entry / "cwd")
+    except OSError:  # gone, or not ours to read
+        return False
+    cwd = cwd.removesuffix(" (deleted)")
+    return cwd == folder or cwd.startswith(folder + "/")
+
+
+def marked_pids(launch_id: str, variable: str = LAUNCH_ID_ENV, cwd: str | Path | None = None) -> list[int]:
+    """PIDs of the live processes (other than this one) whose environment holds ``variable=launch_id`` or, given
+    ``cwd`` (a run's own scratch folder, absolute), whose working directory is in it: zombies and processes gone
+    since they were read are left out; a stat line without a state counts as live (signalling a gone PID is
+    harmless; missing a live one is not)."""
     needle = b"\0" + f"{variable}={launch_id}".encode() + b"\0"
+    folder = None if cwd is None else os.path.abspath(cwd)
     found = []
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit() or int(entry.name) == os.getpid():
             continue
-        try:
-            if needle not in b"\0" + (entry / "environ").read_bytes() + b"\0":
-                continue
-        except OSError:  # gone, or not ours to read
+        if not (_has_mark(entry, needle) or (folder is not None and _works_in(entry, folder))):
             continue
         fields = stat_fields(entry.name)
         if fields is not None and fields[:1] != ["Z"]:
@@ -56,21 +78,27 @@ def _signal_all(pids: list[int], sig: int) -> None:
             os.kill(pid, sig)
 
 
-def stop_marked(launch_id: str, grace: float = 5.0, variable: str = LAUNCH_ID_ENV, settle: float = 2.0) -> list[int]:
-    """Stop every process marked with ``variable=launch_id``: SIGTERM, up to ``grace`` seconds, then SIGKILL for
-    what is left, scanning again until none has been seen for ``settle`` seconds: a process started meanwhile is
-    killed when it shows up (Ray's dashboard and runtime-env agents were seen to outlive a stop without this,
-    presumably restarted by the raylet while it stopped).
+def stop_marked(
+    launch_id: str,
+    grace: float = 5.0,
+    variable: str = LAUNCH_ID_ENV,
+    settle: float = 2.0,
+    cwd: str | Path | None = None,
+) -> list[int]:
+    """Stop every process marked with ``variable=launch_id`` or working in ``cwd`` (:func:`marked_pids`):
+    SIGTERM, up to ``grace`` seconds, then SIGKILL for what is left, scanning again until none has been seen for
+    ``settle`` seconds: a process started meanwhile is killed when it shows up (Ray's dashboard and runtime-env
+    agents, restarted by the raylet while it stopped, were seen to outlive a stop without this).
 
     Returns the PIDs that had to be killed with SIGKILL. Zombies (exited, not yet reaped by their parent)
     count as stopped.
     """
-    pids = marked_pids(launch_id, variable)
+    pids = marked_pids(launch_id, variable, cwd)
     _signal_all(pids, signal.SIGTERM)
     deadline = time.monotonic() + grace
     while pids and time.monotonic() < deadline:
         time.sleep(0.2)
-        pids = marked_pids(launch_id, variable)
+        pids = marked_pids(launch_id, variable, cwd)
     killed: list[int] = []
     deadline = time.monotonic() + grace + settle
     quiet_since = time.monotonic()
@@ -82,7 +110,7 @@ def stop_marked(launch_id: str, grace: float = 5.0, variable: str = LAUNCH_ID_EN
         elif time.monotonic() - quiet_since >= settle:
             break
         time.sleep(0.2)
-        pids = marked_pids(launch_id, variable)
+        pids = marked_pids(launch_id, variable, cwd)
     return killed
 
 

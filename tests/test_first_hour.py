@@ -7,6 +7,7 @@ import contextlib
 import json
 import multiprocessing
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -405,6 +406,37 @@ def test_every_marked_process_is_stopped_even_one_that_ignores_sigterm():
     assert all(c.wait(timeout=5) is not None for c in children) and not marked_pids(launch)
 
 
+def test_a_process_whose_environment_lost_the_mark_is_found_by_its_working_directory(tmp_path):
+    """Ray's agents, restarted while a run stopped, were seen with an unreadable (all-zero) environment and
+    outlived SIGTERM: a process working in the run's scratch folder is the run's, even once the folder is gone."""
+    launch = "test-" + os.urandom(4).hex()
+    scratch = tmp_path / "scratch"
+    (scratch / "below").mkdir(parents=True)
+    stubborn = (
+        "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); print('up', flush=True); time.sleep(60)"
+    )
+    unmarked = {k: v for k, v in os.environ.items() if k != "FEDRAPP_LAUNCH_ID"}
+    children = [
+        subprocess.Popen([sys.executable, "-c", stubborn], cwd=folder, env=unmarked, stdout=subprocess.PIPE)
+        for folder in (scratch, scratch / "below")
+    ]
+    elsewhere = subprocess.Popen([sys.executable, "-c", stubborn], cwd=tmp_path, env=unmarked, stdout=subprocess.PIPE)
+    try:
+        for child in (*children, elsewhere):
+            child.stdout.readline()
+        assert marked_pids(launch) == []  # the environment alone misses them
+        shutil.rmtree(scratch)  # /proc/<pid>/cwd now reads "<scratch> (deleted)"
+        assert sorted(marked_pids(launch, cwd=scratch)) == sorted(c.pid for c in children)
+        killed = stop_marked(launch, grace=1.0, cwd=scratch)
+        assert sorted(killed) == sorted(c.pid for c in children)  # SIGTERM ignored: SIGKILL
+        assert all(c.wait(timeout=5) == -signal.SIGKILL for c in children)
+        assert elsewhere.poll() is None  # a process working elsewhere is not the run's
+    finally:
+        for child in (*children, elsewhere):
+            child.kill()
+            child.wait()
+
+
 def test_a_ray_address_that_does_not_answer_is_refused_at_once():
     from fedrapp_app.launch import check_ray_address, free_port
 
@@ -523,18 +555,19 @@ def test_the_launcher_names_a_process_of_the_run_that_outlives_its_stop(monkeypa
     stuck = subprocess.Popen(
         [sys.executable, "-c", "import time; time.sleep(60)"], env={**os.environ, "FEDRAPP_LAUNCH_ID": launch}
     )
-    monkeypatch.setattr(launcher, "stop_marked", lambda launch_id: [])  # as if SIGKILL had not taken it
+    monkeypatch.setattr(launcher, "stop_marked", lambda launch_id, cwd: [])  # as if SIGKILL had not taken it
     try:
         launcher._stop_everything(launch, tmp_path / "scratch")
     finally:
         stuck.kill()
         stuck.wait()
     err = capsys.readouterr().err
-    monkeypatch.setattr(launcher, "stop_marked", lambda launch_id: 1 / 0)  # a scan that fails: say how to finish
+    monkeypatch.setattr(launcher, "stop_marked", lambda launch_id, cwd: 1 / 0)  # a scan that fails: say how to finish
     launcher._stop_everything(launch, tmp_path / "scratch")
     err_failed = capsys.readouterr().err
     assert f"ZeroDivisionError: division by zero); they carry FEDRAPP_LAUNCH_ID={launch}" in err_failed
     assert f"grep -l FEDRAPP_LAUNCH_ID={launch} /proc/[0-9]*/environ" in err_failed
+    assert f"ls -l /proc/[0-9]*/cwd | grep {tmp_path / 'scratch'}" in err_failed  # the second mark, below
     assert "1 process(es) of the run outlived SIGKILL" in err and f"\n  {stuck.pid} " in err and "State " in err
     assert describe_process(stuck.pid) == f"{stuck.pid} (gone)"
 

@@ -131,10 +131,15 @@ def test_sigint_stops_every_process_of_the_run_and_the_resume_matches_an_uninter
     marker = "sigint-" + uuid.uuid4().hex
     args = [sys.executable, "-m", "fedrapp_app.launch", str(ROOT), "--flwr-home", str(tmp_path / "flwr-home")]
     args += ["-c", _as_overrides({**config, "run-name": "cut"})]
+    # The launcher's scratch folder (the working directory of every process it starts) goes under a folder of the
+    # test's own, so that a process whose environment lost the mark is found too (Ray's restarted agents were seen
+    # with an all-zero environment); Ray's folder stays where it was (its socket paths must stay short).
+    scratch = Path(tempfile.mkdtemp(prefix="fedrapp-sigint-"))
+    ray_tmp = os.environ.get("RAY_TMPDIR", str(Path(tempfile.gettempdir()) / f"fedrapp-ray-{os.getuid()}"))
     cut = subprocess.Popen(
         args,
         cwd=tempfile.gettempdir(),
-        env={**os.environ, "FEDRAPP_TEST_MARK": marker},
+        env={**os.environ, "FEDRAPP_TEST_MARK": marker, "TMPDIR": str(scratch), "RAY_TMPDIR": ray_tmp},
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -153,13 +158,15 @@ def test_sigint_stops_every_process_of_the_run_and_the_resume_matches_an_uninter
         os.killpg(cut.pid, signal.SIGINT)  # Ctrl-C in a terminal signals the whole foreground group
         _, stderr = cut.communicate(timeout=60)
         exited = time.monotonic()  # the launcher stops every process before it exits (SIGKILL after its grace)
-        while marked_pids(marker, "FEDRAPP_TEST_MARK") and time.monotonic() - exited < 15:
+        while marked_pids(marker, "FEDRAPP_TEST_MARK", scratch) and time.monotonic() - exited < 15:
             time.sleep(0.5)
-        left = [describe_process(pid) for pid in marked_pids(marker, "FEDRAPP_TEST_MARK")]
+        left = [describe_process(pid) for pid in marked_pids(marker, "FEDRAPP_TEST_MARK", scratch)]
         assert not left, f"processes outlived the launcher's exit after Ctrl-C by 15 s: {left}; {stderr[-1500:]}"
     finally:
         if cut.poll() is None:
             os.killpg(cut.pid, signal.SIGKILL)
+        stop_marked(marker, grace=1.0, variable="FEDRAPP_TEST_MARK", cwd=scratch)  # none left for the next tests
+        shutil.rmtree(scratch, ignore_errors=True)
     assert cut.returncode == 130, stderr[-3000:]
     assert (tmp_path / "out" / "cut" / "summary.json").is_file(), stderr[-3000:]
     interrupted = json.loads((tmp_path / "out" / "cut" / "summary.json").read_text())

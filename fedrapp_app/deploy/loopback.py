@@ -221,10 +221,11 @@ class Loopback:
         self.stop()
 
     def stop(self) -> list[int]:
-        """Stop every process started here; returns the PIDs that only the launch mark found (should be [])."""
+        """Stop every process started here; returns the PIDs that only the launch mark or the working directory
+        found (should be [])."""
         for process in reversed([*self._others, *self.processes.values()]):
             stop_process_group(process)
-        return stop_marked(self.launch_id)
+        return stop_marked(self.launch_id, cwd=self.cwd.resolve())
 
     def _run_command(self, app_dir: Path, config: dict[str, Any]) -> list[str]:
         overrides = " ".join(f"{k}={toml_value(v)}" for k, v in config.items())
