@@ -261,9 +261,12 @@ def test_simulation_on_an_existing_ray_cluster_places_clients_on_both_nodes(test
     port = free_port()
     ray = [sys.executable, "-m", "ray.scripts.scripts", "start", "--num-cpus=1", "--disable-usage-stats"]
     try:
+        # started in ray_tmp, which every process of the cluster inherits as its working directory: the stop
+        # below finds by it what lost the mark (Ray's agents were seen with an all-zero environment)
         subprocess.run([*ray, "--head", f"--port={port}", "--include-dashboard=false"], env=env, check=True,
-                       capture_output=True, timeout=120)  # fmt: skip
-        subprocess.run([*ray, f"--address=127.0.0.1:{port}"], env=env, check=True, capture_output=True, timeout=120)
+                       capture_output=True, timeout=120, cwd=ray_tmp)  # fmt: skip
+        subprocess.run([*ray, f"--address=127.0.0.1:{port}"], env=env, check=True, capture_output=True, timeout=120,
+                       cwd=ray_tmp)  # fmt: skip
         config = small_run(testbed_tiny, tmp_path / "out", **{"num-clients": 4, "testbed-samples": 256})
         done = _fedrapp_sim(["--ray-address", f"127.0.0.1:{port}", "-c", _as_overrides(config)], tmp_path / "flwr-home")
         assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
@@ -272,6 +275,6 @@ def test_simulation_on_an_existing_ray_cluster_places_clients_on_both_nodes(test
         assert len(placed) == 2, placed  # both Ray nodes served clients
         assert marked_pids(marker, "FEDRAPP_TEST_MARK"), "fedrapp-sim must not stop the user's Ray cluster"
     finally:
-        stop_marked(marker, grace=5.0, variable="FEDRAPP_TEST_MARK")
+        stop_marked(marker, grace=5.0, variable="FEDRAPP_TEST_MARK", cwd=ray_tmp)
         shutil.rmtree(ray_tmp, ignore_errors=True)
-    assert not marked_pids(marker, "FEDRAPP_TEST_MARK")
+    assert not marked_pids(marker, "FEDRAPP_TEST_MARK", ray_tmp)
