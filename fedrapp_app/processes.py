@@ -6,9 +6,9 @@ server, raylet, dashboard agents and workers in sessions of their own, and some 
 every process started below it inherits, and ``stop_marked`` finds them all by that mark in
 ``/proc/<pid>/environ``: SIGTERM, a grace period, then SIGKILL for what is left.
 
-The environment is not always readable: Ray's dashboard and runtime-env agents restarted by the raylet while a
-run stopped were seen with ``/proc/<pid>/environ`` all zero bytes (and their command line cut to their title), and
-they outlived SIGTERM. So a run also starts its processes in a scratch folder of its own, which they inherit as
+The environment is not always readable: Ray's dashboard and runtime-env agents were seen, in some runs, with
+``/proc/<pid>/environ`` all zero bytes from the moment they set their process title, and such agents outlived a
+Ctrl-C (and a SIGTERM). So a run also starts its processes in a scratch folder of its own, which they inherit as
 their working directory (``/proc/<pid>/cwd``, readable whatever a process does to its memory, and still
 ``<folder> (deleted)`` once the folder is gone), and the stop finds a process by either mark.
 """
@@ -55,11 +55,11 @@ def _works_in(entry: Path, folder: str) -> bool:
 
 def marked_pids(launch_id: str, variable: str = LAUNCH_ID_ENV, cwd: str | Path | None = None) -> list[int]:
     """PIDs of the live processes (other than this one) whose environment holds ``variable=launch_id`` or, given
-    ``cwd`` (a run's own scratch folder, absolute), whose working directory is in it: zombies and processes gone
+    ``cwd`` (a run's own scratch folder), whose working directory is in it: zombies and processes gone
     since they were read are left out; a stat line without a state counts as live (signalling a gone PID is
     harmless; missing a live one is not)."""
     needle = b"\0" + f"{variable}={launch_id}".encode() + b"\0"
-    folder = None if cwd is None else os.path.abspath(cwd)
+    folder = None if cwd is None else os.path.realpath(cwd)  # /proc/<pid>/cwd names the real path
     found = []
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit() or int(entry.name) == os.getpid():
@@ -88,7 +88,7 @@ def stop_marked(
     """Stop every process marked with ``variable=launch_id`` or working in ``cwd`` (:func:`marked_pids`):
     SIGTERM, up to ``grace`` seconds, then SIGKILL for what is left, scanning again until none has been seen for
     ``settle`` seconds: a process started meanwhile is killed when it shows up (Ray's dashboard and runtime-env
-    agents, restarted by the raylet while it stopped, were seen to outlive a stop without this).
+    agents were seen to outlive a stop without this, presumably restarted by the raylet while it stopped).
 
     Returns the PIDs that had to be killed with SIGKILL. Zombies (exited, not yet reaped by their parent)
     count as stopped.

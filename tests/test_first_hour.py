@@ -425,8 +425,10 @@ def test_a_process_whose_environment_lost_the_mark_is_found_by_its_working_direc
         for child in (*children, elsewhere):
             child.stdout.readline()
         assert marked_pids(launch) == []  # the environment alone misses them
+        (tmp_path / "link").symlink_to(scratch)  # a folder named through a link: /proc names the real path
         shutil.rmtree(scratch)  # /proc/<pid>/cwd now reads "<scratch> (deleted)"
         assert sorted(marked_pids(launch, cwd=scratch)) == sorted(c.pid for c in children)
+        assert sorted(marked_pids(launch, cwd=tmp_path / "link")) == sorted(c.pid for c in children)
         killed = stop_marked(launch, grace=1.0, cwd=scratch)
         assert sorted(killed) == sorted(c.pid for c in children)  # SIGTERM ignored: SIGKILL
         assert all(c.wait(timeout=5) == -signal.SIGKILL for c in children)
