@@ -407,8 +407,8 @@ def test_every_marked_process_is_stopped_even_one_that_ignores_sigterm():
 
 
 def test_a_process_whose_environment_lost_the_mark_is_found_by_its_working_directory(tmp_path):
-    """Ray's agents, restarted while a run stopped, were seen with an unreadable (all-zero) environment and
-    outlived SIGTERM: a process working in the run's scratch folder is the run's, even once the folder is gone."""
+    """Ray's agents were seen, in some runs, with an unreadable (all-zero) environment, and outlived a Ctrl-C and
+    SIGTERM: a process working in the run's scratch folder is the run's, even once the folder is gone."""
     launch = "test-" + os.urandom(4).hex()
     scratch = tmp_path / "scratch"
     (scratch / "below").mkdir(parents=True)

@@ -132,8 +132,8 @@ def test_sigint_stops_every_process_of_the_run_and_the_resume_matches_an_uninter
     args = [sys.executable, "-m", "fedrapp_app.launch", str(ROOT), "--flwr-home", str(tmp_path / "flwr-home")]
     args += ["-c", _as_overrides({**config, "run-name": "cut"})]
     # The launcher's scratch folder (the working directory of every process it starts) goes under a folder of the
-    # test's own, so that a process whose environment lost the mark is found too (Ray's restarted agents were seen
-    # with an all-zero environment); Ray's folder stays where it was (its socket paths must stay short).
+    # test's own, so that a process whose environment lost the mark is found too (Ray's agents were seen with an
+    # all-zero environment in some runs); Ray's folder stays where it was (its socket paths must stay short).
     scratch = Path(tempfile.mkdtemp(prefix="fedrapp-sigint-"))
     ray_tmp = os.environ.get("RAY_TMPDIR", str(Path(tempfile.gettempdir()) / f"fedrapp-ray-{os.getuid()}"))
     cut = subprocess.Popen(

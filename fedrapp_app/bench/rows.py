@@ -85,17 +85,22 @@ def read_pooled_rows(bench_dirs: Sequence[str | Path]) -> list[dict[str, Any]]:
     return rows
 
 
+def bench_dirs(bench_dir: str | Path | Sequence[str | Path]) -> list[Path]:
+    """One bench directory or several, as a list."""
+    return [Path(bench_dir)] if isinstance(bench_dir, str | Path) else [Path(d) for d in bench_dir]
+
+
 def report_input(
     bench_dir: str | Path | Sequence[str | Path], out_dir: str | Path | None, default_out: str
 ) -> tuple[list[dict], Path]:
     """What a report module starts from: the finished rows of ``bench_dir`` (several directories: their rows
     pooled, :func:`read_pooled_rows`; ``FileNotFoundError`` when there are none) and its output folder, created
     (``out_dir``, or ``<first bench-dir>/<default_out>``)."""
-    dirs = [bench_dir] if isinstance(bench_dir, str | Path) else list(bench_dir)
+    dirs = bench_dirs(bench_dir)
     rows = read_pooled_rows(dirs)
     if not rows:
         raise FileNotFoundError(f"no finished cells in {', '.join(str(rows_path(d)) for d in dirs)}")
-    out = Path(out_dir) if out_dir else Path(dirs[0]) / default_out
+    out = Path(out_dir) if out_dir else dirs[0] / default_out
     out.mkdir(parents=True, exist_ok=True)
     return rows, out
 
@@ -125,7 +130,7 @@ def report_main(
     pool: bool = False,
 ) -> int:
     """The command line of a report module: ``<bench-dir> [--out DIR]``; prints the written path, 2 on bad input.
-    With ``pool``, several bench directories may be given, and ``write`` gets their list (one: the path alone)."""
+    With ``pool``, several bench directories may be given, and ``write`` gets their list."""
     parser = argparse.ArgumentParser(prog=prog, description=doc.splitlines()[0])
     if pool:
         parser.add_argument(
@@ -135,9 +140,8 @@ def report_main(
         parser.add_argument("bench_dir", type=Path, help="a bench directory (holds cells.jsonl)")
     parser.add_argument("--out", type=Path, default=None, help=f"where to write (default: <bench-dir>/{default_out})")
     args = parser.parse_args(argv)
-    bench = args.bench_dir[0] if pool and len(args.bench_dir) == 1 else args.bench_dir
     try:
-        print(write(bench, args.out))
+        print(write(args.bench_dir, args.out))
     except (FileNotFoundError, ValueError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

@@ -35,7 +35,7 @@ from typing import Any
 import numpy as np
 
 from fedrapp_app.bench.personalization import paired_gap, save_small_png
-from fedrapp_app.bench.rows import report_input, report_main, write_text_atomic
+from fedrapp_app.bench.rows import bench_dirs, report_input, report_main, write_text_atomic
 from fedrapp_app.bench.stats import Setting, Stat, mean_std, settings_of
 
 #: The label-free candidates, by name: a function of the arrays (e, dm, nb) -> signal, with e = H_own − H_pre,
@@ -533,9 +533,9 @@ def write_trust(bench_dir: str | Path | Sequence[str | Path], out_dir: str | Pat
     directories (the same grids on other seeds) are pooled per setting."""
     rows, out = report_input(bench_dir, out_dir, "trust")
     settings = settings_of(rows)
-    names = [Path(d).name for d in ([bench_dir] if isinstance(bench_dir, str | Path) else bench_dir)]
     text = io.StringIO()
-    text.write(f"# Own-prompt signal and trust option: {' + '.join(f'`{n}`' for n in names)}\n\n")
+    names = " + ".join(f"`{d.name}`" for d in bench_dirs(bench_dir))
+    text.write(f"# Own-prompt signal and trust option: {names}\n\n")
     for grid in dict.fromkeys(s.grid for s in settings):
         members = [s for s in settings if s.grid == grid]
         text.write(f"## {grid}\n\nOnline accuracy (micro, %), mean ± std over seeds:\n\n")
