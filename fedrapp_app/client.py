@@ -337,9 +337,7 @@ def train(msg: Message, context: Context) -> Message:
         metrics["correct-own"] = _score(result.predictions_own, batch.labels)
     if result.probe is not None:  # the probe against the own prompt (the trust probe reads these)
         probe = result.probe
-        metrics.update(
-            {"h-probe": probe.h_probe, "hm-probe": probe.hm_probe, "v-probe": probe.v_probe, "v-own-probe": probe.v_own}
-        )
+        metrics.update({"h-probe": probe.h_probe, "hm-probe": probe.hm_probe})
         metrics["correct-probe"] = _score(probe.predictions, batch.labels)
     _advance(context, client, round_config, position, method.state_dict())
     metrics["t-total"] = time.perf_counter() - t_start

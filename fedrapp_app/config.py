@@ -1,7 +1,8 @@
 """The run configuration: every knob as a kebab-case key, validated before any model or data is loaded.
 
-``pyproject.toml``'s ``[tool.flwr.app.config]`` holds the same keys and defaults (a test checks that they
-agree); ``flwr run . -c "k=v"`` or ``-c file.toml`` overrides them. ``validate(run_config)`` returns a
+``pyproject.toml``'s ``[tool.flwr.app.config]`` holds the same keys and defaults, the everyday ones first, and
+docs/configuration.md describes them by group (``python -m fedrapp_app.config --sync`` writes both; a test checks
+that they agree); ``flwr run . -c "k=v"`` or ``-c file.toml`` overrides them. ``validate(run_config)`` returns a
 ``RunConfig`` or raises ``ConfigError`` listing every bad key with its value and what is allowed.
 """
 
@@ -36,6 +37,8 @@ class Key:
     minimum: float | None = None
     maximum: float | None = None
     exclusive_minimum: bool = False
+    group: str = "run"  # one of GROUPS' names
+    everyday: bool = False  # shown in the README and first in pyproject.toml; the rest: docs/configuration.md
 
     def check(self, value: Any) -> str | None:
         """Return why ``value`` is not allowed for this key, or None when it is."""
@@ -79,41 +82,53 @@ STRATEGIES = (
 LOCAL_METHODS = ("adaprompt", "im", "tpt", "tpt-online", "zeroshot")
 _DATA = DataSpec()  # the data layer owns its defaults
 
+#: The groups of keys, in the order the docs list them: (name, what the group is for).
+GROUPS: tuple[tuple[str, str], ...] = (
+    ("run", "what runs and where its results go"),
+    ("data", "the dataset, its partition over clients and each client's stream"),
+    ("method", "the clients' test-time method"),
+    ("server rule", "how the server mixes the clients' prompts"),
+    ("trust", "FedRAPP's trust option (ours)"),
+    ("deployment", "waiting for nodes, timeouts and what the server accepts"),
+    ("engine", "model, device and numerics"),
+    ("attack", "adversarial clients, for robustness experiments"),
+)
+
 KEYS: tuple[Key, ...] = (
-    # --- experiment -------------------------------------------------------------------------------
-    Key("seed", 0, "drives partitions, stream order, augmentations, initialisations, client sampling", minimum=0),
+    # --- run ----------------------------------------------------------------------------------------
     Key(
         "strategy",
         "fedrapp",
         "server rule ('domain-oracle': a testbed-only reference that knows the domains)",
         choices=STRATEGIES,
+        group="run",
+        everyday=True,
     ),
-    Key("local-method", "adaprompt", "client test-time method", choices=LOCAL_METHODS),
-    Key("model", "testbed", "CLIP checkpoint: 'testbed' (shipped), a local folder or a Hugging Face Hub id"),
+    Key("local-method", "adaprompt", "client test-time method", choices=LOCAL_METHODS, group="run", everyday=True),
     Key(
-        "device",
-        "auto",
-        "'auto' (CUDA when present), 'cpu', 'cuda' or 'cuda:N'; in the simulation each client sees its GPU share as "
-        "cuda:0; a SuperNode's node config 'device' overrides it",
+        "seed",
+        0,
+        "drives partitions, stream order, augmentations, initialisations, client sampling",
+        minimum=0,
+        group="run",
+        everyday=True,
     ),
-    Key(
-        "precision",
-        "fp32",
-        "compute precision: fp32 (IEEE, TF32 off on GPUs), bf16 or fp16 autocast (fp16 with loss scaling)",
-        choices=("fp32", "bf16", "fp16"),
-    ),
-    Key("deterministic", False, "deterministic GPU kernels: bit-reproducible csc runs on one GPU, at some speed cost"),
-    Key("num-rounds", 0, "rounds to run; 0 = until every client's stream has ended", minimum=0),
-    Key("output-dir", "outputs", "folder for results (a relative path is resolved where the run starts)"),
-    Key("run-name", "", "name of the results folder inside output-dir; '' = derived from the config"),
-    Key("resume", False, "continue the run in output-dir/run-name from its last checkpoint (needs run-name)"),
-    # --- federation -------------------------------------------------------------------------------
     Key(
         "num-clients",
         0,
         "number of clients (= data partitions); 0 = one per SuperNode: the simulation's num-supernodes, or the "
         "SuperNodes connected when a deployed run starts",
         minimum=0,
+        group="run",
+        everyday=True,
+    ),
+    Key(
+        "num-rounds",
+        0,
+        "rounds to run; 0 = until every client's stream has ended",
+        minimum=0,
+        group="run",
+        everyday=True,
     ),
     Key(
         "fraction",
@@ -122,63 +137,118 @@ KEYS: tuple[Key, ...] = (
         minimum=0.0,
         exclusive_minimum=True,
         maximum=1.0,
+        group="run",
+        everyday=True,
     ),
-    Key("min-nodes", 0, "nodes to wait for before round 1; 0 = num-clients (or 1 when num-clients = 0)", minimum=0),
-    Key("node-wait-timeout", 300.0, "seconds to wait for min-nodes nodes", minimum=0.0, exclusive_minimum=True),
-    Key("round-timeout", 900.0, "seconds to wait for the replies of a round", minimum=0.0, exclusive_minimum=True),
     Key(
-        "max-norm-ratio",
-        100.0,
-        "an upload whose norm exceeds this multiple of the initial prompt's is rejected",
-        minimum=1.0,
+        "output-dir",
+        "outputs",
+        "folder for results (a relative path is resolved where the run starts)",
+        group="run",
+        everyday=True,
     ),
-    # --- data -------------------------------------------------------------------------------------
-    Key("dataset", "testbed", "'testbed' or a dataset preset (see docs/datasets.md)"),
     Key(
-        "data-source",
-        "auto",
-        "where the dataset comes from",
-        choices=("auto", "hf", "webdataset", "coop", "imagefolder", "testbed"),
+        "run-name",
+        "",
+        "name of the results folder inside output-dir; '' = derived from the config",
+        group="run",
+        everyday=True,
     ),
-    Key("data-dir", "", "local folder of a webdataset, CoOp or image-folder dataset"),
-    Key("hf-repo", "", "Hugging Face dataset repo id ('' = the preset's default)"),
-    Key("hf-split", "test", "split of the Hugging Face dataset"),
-    Key("hf-image-column", _DATA.hf_image_column, "image column ('auto' = the first Image column)"),
-    Key("hf-label-column", _DATA.hf_label_column, "label column ('auto' = the first ClassLabel column)"),
-    Key("partition", "dirichlet", "how test samples are split over clients", choices=("iid", "dirichlet")),
+    Key(
+        "resume",
+        False,
+        "continue the run in output-dir/run-name from its last checkpoint (needs run-name)",
+        group="run",
+        everyday=True,
+    ),
+    Key(
+        "report-own-prompt",
+        False,
+        "ours: each client also scores its own last tuned prompt on every new batch (H_own and its accuracy in the "
+        "rows; one extra text pass); always on with FedRAPP's trust option, which reads H_own",
+        group="run",
+    ),
+    # --- data ---------------------------------------------------------------------------------------
+    Key("dataset", "testbed", "'testbed' or a dataset preset (see docs/datasets.md)", group="data", everyday=True),
+    Key(
+        "data-dir",
+        "",
+        "local folder of a webdataset, CoOp or image-folder dataset",
+        group="data",
+        everyday=True,
+    ),
+    Key(
+        "partition",
+        "dirichlet",
+        "how test samples are split over clients",
+        choices=("iid", "dirichlet"),
+        group="data",
+        everyday=True,
+    ),
     Key(
         "dirichlet-alpha",
         0.1,
         "Dirichlet concentration of the label skew (smaller = more skew)",
         minimum=0.0,
         exclusive_minimum=True,
+        group="data",
+        everyday=True,
     ),
-    Key("min-partition-size", 10, "smallest partition a Dirichlet draw may give a client", minimum=0),
-    Key("batch-size", 64, "test samples per client per round", minimum=1),
-    Key("max-samples-per-client", 0, "cap on each client's stream; 0 = all", minimum=0),
-    Key("testbed-samples", _DATA.testbed_samples, "size of the testbed's test pool (all clients together)", minimum=1),
+    Key("batch-size", 64, "test samples per client per round", minimum=1, group="data", everyday=True),
+    Key(
+        "data-source",
+        "auto",
+        "where the dataset comes from",
+        choices=("auto", "hf", "webdataset", "coop", "imagefolder", "testbed"),
+        group="data",
+    ),
+    Key("hf-repo", "", "Hugging Face dataset repo id ('' = the preset's default)", group="data"),
+    Key("hf-split", "test", "split of the Hugging Face dataset", group="data"),
+    Key("hf-image-column", _DATA.hf_image_column, "image column ('auto' = the first Image column)", group="data"),
+    Key("hf-label-column", _DATA.hf_label_column, "label column ('auto' = the first ClassLabel column)", group="data"),
+    Key("min-partition-size", 10, "smallest partition a Dirichlet draw may give a client", minimum=0, group="data"),
+    Key("max-samples-per-client", 0, "cap on each client's stream; 0 = all", minimum=0, group="data"),
+    Key(
+        "testbed-samples",
+        _DATA.testbed_samples,
+        "size of the testbed's test pool (all clients together)",
+        minimum=1,
+        group="data",
+    ),
     Key(
         "testbed-domains",
         _DATA.testbed_domains,
         "testbed shift domains 'name:severity,...'; client i gets domain i mod D ('clean' = none)",
+        group="data",
     ),
-    Key("decode-workers", _DATA.decode_workers, "threads decoding images of a batch (0 = in the caller)", minimum=0),
-    # --- adversarial clients (robustness experiments) -----------------------------------------------
     Key(
-        "attack",
-        "none",
-        "what the clients in attack-clients upload instead of their tuned prompt",
-        choices=("none", "random", "scaled"),
-    ),  # see fedrapp_app/attacks.py
-    Key("attack-clients", "", "comma-separated ids of adversarial clients, e.g. '0,5'"),
-    Key("attack-scale", 10.0, "scaled attack: the upload is sent + attack-scale * (tuned - sent)", minimum=0.0),
-    # --- local methods ----------------------------------------------------------------------------
-    Key("adaprompt-lr", 5e-3, "AdaPrompt AdamW learning rate", minimum=0.0, exclusive_minimum=True),
-    Key("adaprompt-threshold", 0.7, "AdaPrompt confidence threshold of the buffer", minimum=0.0, maximum=1.0),
-    Key("adaprompt-buffer-size", 64, "AdaPrompt class-balanced buffer size", minimum=1),
-    Key("adaprompt-double-softmax", True, "AdaPrompt reference loss (softmax before cross-entropy)"),
-    Key("tpt-lr", 5e-3, "TPT AdamW learning rate", minimum=0.0, exclusive_minimum=True),
-    Key("tpt-views", 63, "TPT augmented views per image (plus the original)", minimum=1),
+        "decode-workers",
+        _DATA.decode_workers,
+        "threads decoding images of a batch (0 = in the caller)",
+        minimum=0,
+        group="data",
+    ),
+    # --- method -------------------------------------------------------------------------------------
+    Key(
+        "csc",
+        False,
+        "class-specific context (ours): one context per class (CoOp's CSC) in tpt, tpt-online, adaprompt, im",
+        group="method",
+        everyday=True,
+    ),
+    Key("adaprompt-lr", 5e-3, "AdaPrompt AdamW learning rate", minimum=0.0, exclusive_minimum=True, group="method"),
+    Key(
+        "adaprompt-threshold",
+        0.7,
+        "AdaPrompt confidence threshold of the buffer",
+        minimum=0.0,
+        maximum=1.0,
+        group="method",
+    ),
+    Key("adaprompt-buffer-size", 64, "AdaPrompt class-balanced buffer size", minimum=1, group="method"),
+    Key("adaprompt-double-softmax", True, "AdaPrompt reference loss (softmax before cross-entropy)", group="method"),
+    Key("tpt-lr", 5e-3, "TPT AdamW learning rate", minimum=0.0, exclusive_minimum=True, group="method"),
+    Key("tpt-views", 63, "TPT augmented views per image (plus the original)", minimum=1, group="method"),
     Key(
         "tpt-keep-ratio",
         0.1,
@@ -186,14 +256,16 @@ KEYS: tuple[Key, ...] = (
         minimum=0.0,
         exclusive_minimum=True,
         maximum=1.0,
+        group="method",
     ),
-    Key("tpt-augmix", False, "TPT: AugMix on top of the random resized crop + flip views"),
-    Key("im-lr", 5e-3, "IM (ours) AdamW learning rate", minimum=0.0, exclusive_minimum=True),
+    Key("tpt-augmix", False, "TPT: AugMix on top of the random resized crop + flip views", group="method"),
+    Key("im-lr", 5e-3, "IM (ours) AdamW learning rate", minimum=0.0, exclusive_minimum=True, group="method"),
     Key(
         "im-diversity-weight",
         1.0,
         "IM weight of the diversity term (0 = plain entropy minimisation, which collapses)",
         minimum=0.0,
+        group="method",
     ),
     Key(
         "im-marginal",
@@ -201,6 +273,7 @@ KEYS: tuple[Key, ...] = (
         "IM diversity term: 'batch' = entropy of the batch-mean prediction, 'ema' = "
         "against a running marginal kept on the client",
         choices=("batch", "ema"),
+        group="method",
     ),
     Key(
         "im-ema-momentum",
@@ -208,144 +281,50 @@ KEYS: tuple[Key, ...] = (
         "IM weight of the past in the running marginal (im-marginal = 'ema')",
         minimum=0.0,
         maximum=0.999,
+        group="method",
+    ),
+    # --- server rule (FedRAPP: SPEC §4; the baselines: SPEC §5) -------------------------------------
+    Key(
+        "lambda-drop",
+        1.0,
+        "FedRAPP weight of the entropy drop H_pre - H_post in the reliability",
+        minimum=0.0,
+        group="server rule",
     ),
     Key(
-        "csc",
-        False,
-        "class-specific context (ours): one context per class (CoOp's CSC) in tpt, tpt-online, adaprompt, im",
+        "lambda-ent",
+        0.5,
+        "FedRAPP weight of the post-adaptation entropy in the reliability",
+        minimum=0.0,
+        group="server rule",
+    ),
+    Key("lambda-drift", 0.5, "FedRAPP weight of the prompt drift in the reliability", minimum=0.0, group="server rule"),
+    Key("mu0", 0.5, "FedRAPP base memory rate", minimum=0.0, maximum=1.0, group="server rule"),
+    Key("eta", 0.15, "FedRAPP reliability slope of the memory rate", minimum=0.0, group="server rule"),
+    Key(
+        "tau",
+        0.2,
+        "FedRAPP temperature of the peer weights",
+        minimum=0.0,
+        exclusive_minimum=True,
+        group="server rule",
     ),
     Key(
-        "report-own-prompt",
-        False,
-        "ours: each client also scores its own last tuned prompt on every new batch (H_own and its accuracy in the "
-        "rows; one extra text pass); always on with FedRAPP's trust option, which reads H_own",
+        "gamma0",
+        0.3,
+        "FedRAPP base share of the peers in the personalized prompt",
+        minimum=0.0,
+        maximum=1.0,
+        group="server rule",
     ),
-    # --- FedRAPP (SPEC §4) and FedAMP (SPEC §5) ---------------------------------------------------
-    Key("lambda-drop", 1.0, "FedRAPP weight of the entropy drop H_pre - H_post in the reliability", minimum=0.0),
-    Key("lambda-ent", 0.5, "FedRAPP weight of the post-adaptation entropy in the reliability", minimum=0.0),
-    Key("lambda-drift", 0.5, "FedRAPP weight of the prompt drift in the reliability", minimum=0.0),
-    Key("mu0", 0.5, "FedRAPP base memory rate", minimum=0.0, maximum=1.0),
-    Key("eta", 0.15, "FedRAPP reliability slope of the memory rate", minimum=0.0),
-    Key("tau", 0.2, "FedRAPP temperature of the peer weights", minimum=0.0, exclusive_minimum=True),
-    Key("gamma0", 0.3, "FedRAPP base share of the peers in the personalized prompt", minimum=0.0, maximum=1.0),
-    Key("gamma-max", 0.8, "FedRAPP cap of the peers' share", minimum=0.0, maximum=1.0),
+    Key("gamma-max", 0.8, "FedRAPP cap of the peers' share", minimum=0.0, maximum=1.0, group="server rule"),
     Key(
         "update-clip",
         0.0,
         "FedRAPP (ours): memories and peer mixing use each update clipped to this multiple "
         "of the round's median update norm; the reliability still sees the raw update (0 = off)",
         minimum=0.0,
-    ),
-    Key(
-        "trust-rate",
-        0.0,
-        "FedRAPP trust option (ours): how far one round's evidence moves a client's memory and peer trusts, the "
-        "factors on its mu and gamma; the evidence: did the prompt the server sent beat the client's own last tuned "
-        "prompt on the new batch (H_pre, H_own and the marginals, reported by the client)? 0 = off: the paper's rule",
-        minimum=0.0,
-        maximum=1.0,
-    ),
-    Key(
-        "trust-memory-init",
-        1.0,
-        "FedRAPP trust option (ours): every client's memory trust before any evidence (1 = the paper's mu)",
-        minimum=0.0,
-        maximum=1.0,
-    ),
-    Key(
-        "trust-peer-init",
-        1.0,
-        "FedRAPP trust option (ours): every client's peer trust before any evidence (1 = the paper's gamma; "
-        "not 0 with trust-memory-init = 0: no trust could ever be earned)",
-        minimum=0.0,
-        maximum=1.0,
-    ),
-    Key(
-        "trust-memory-target",
-        0.3,
-        "FedRAPP trust option (ours): share of its rounds in which the sent prompt must win for a client's memory "
-        "trust to hold (it rises above, falls below)",
-        minimum=0.0,
-        maximum=1.0,
-    ),
-    Key(
-        "trust-peer-target",
-        0.3,
-        "FedRAPP trust option (ours): the same for the peer trust",
-        minimum=0.0,
-        maximum=1.0,
-    ),
-    Key(
-        "trust-marginal",
-        1.0,
-        "FedRAPP trust option (ours): weight of the batch-marginal entropy gap in the evidence (0 = the more "
-        "confident prompt wins; 1 = the one with the larger information, which a collapse onto few classes loses)",
-        minimum=0.0,
-    ),
-    Key(
-        "trust-memory-votes",
-        0.0,
-        "FedRAPP trust option (ours): the memory trust's evidence: 0 = the information gap above, 1 = the neighbour "
-        "vote (where the two prompts disagree, do the most similar images they label alike side with the sent "
-        "one?), 0.5 = a round counts where both agree",
-        minimum=0.0,
-        maximum=1.0,
-    ),
-    Key(
-        "trust-peer-votes",
-        0.0,
-        "FedRAPP trust option (ours): the same for the peer trust",
-        minimum=0.0,
-        maximum=1.0,
-    ),
-    Key(
-        "trust-vote-tie",
-        0.0,
-        "FedRAPP trust option (ours): what a round with equal neighbour votes counts as (0 = no evidence; -1 = a "
-        "loss for the sent prompt: it changed no image's label for the better)",
-        minimum=-1.0,
-        maximum=0.0,
-    ),
-    Key(
-        "trust-memory-ramp",
-        0.0,
-        "FedRAPP trust option (ours): 0 = the memory trust moves by steps (trust-rate, trust-memory-target); w > 0 = "
-        "it is a ramp of the client's share of rounds won, 0 below trust-memory-target - w/2 and 1 above + w/2",
-        minimum=0.0,
-        maximum=1.0,
-    ),
-    Key(
-        "trust-peer-ramp",
-        0.0,
-        "FedRAPP trust option (ours): the same for the peer trust",
-        minimum=0.0,
-        maximum=1.0,
-    ),
-    Key(
-        "trust-pool",
-        4.0,
-        "FedRAPP trust option (ours), ramps only: a client's share of rounds won counts this many rounds more, at "
-        "the share of all clients (0 = its own rounds alone)",
-        minimum=0.0,
-    ),
-    Key(
-        "trust-memory-keep",
-        False,
-        "FedRAPP trust option (ours): true = the memory keeps the paper's rate whatever the memory trust, which sets "
-        "how much of it the prompts use (a round at trust 0 no longer forgets it); false = the trust scales mu",
-    ),
-    Key(
-        "trust-probe",
-        False,
-        "FedRAPP trust option (ours), with trust-memory-keep: true = each client also scores the paper's prompt "
-        "(full trusts, sent beside its prompt) against its own, and the trusts read that contest, so a trust at 0 "
-        "still gathers evidence (one more text pass per round); false = they read the sent prompt's",
-    ),
-    Key(
-        "trust-peer-probe",
-        False,
-        "FedRAPP trust option (ours), with trust-memory-keep: true = the probe is sent as with trust-probe, but only "
-        "the peer trust reads its contest (the memory trust reads the sent prompt's)",
+        group="server rule",
     ),
     Key(
         "fedamp-sigma",
@@ -353,18 +332,131 @@ KEYS: tuple[Key, ...] = (
         "FedAMP kernel scale sigma of exp(-||Pi - Pj||^2 / sigma)",
         minimum=0.0,
         exclusive_minimum=True,
+        group="server rule",
     ),
-    Key("fedamp-self-min", 0.1, "FedAMP smallest self weight xi_ii", minimum=0.0, maximum=1.0),
-    Key("trimmed-beta", 0.2, "FedTrimmedAvg share cut at each end", minimum=0.0, maximum=0.49),
-    Key("krum-malicious", 1.0, "Krum: number of adversarial clients tolerated", minimum=0.0),
+    Key("fedamp-self-min", 0.1, "FedAMP smallest self weight xi_ii", minimum=0.0, maximum=1.0, group="server rule"),
     Key(
         "fedamp-cos-sigma",
         10.0,
         "HeurFedAMP (fedamp-cos) sharpness of exp(sigma * cos)",
         minimum=0.0,
         exclusive_minimum=True,
+        group="server rule",
     ),
-    Key("fedamp-cos-self-weight", 0.5, "HeurFedAMP (fedamp-cos) fixed self weight xi_ii", minimum=0.0, maximum=1.0),
+    Key(
+        "fedamp-cos-self-weight",
+        0.5,
+        "HeurFedAMP (fedamp-cos) fixed self weight xi_ii",
+        minimum=0.0,
+        maximum=1.0,
+        group="server rule",
+    ),
+    Key("trimmed-beta", 0.2, "FedTrimmedAvg share cut at each end", minimum=0.0, maximum=0.49, group="server rule"),
+    Key("krum-malicious", 1.0, "Krum: number of adversarial clients tolerated", minimum=0.0, group="server rule"),
+    # --- trust (ours: fedrapp_app/aggregation/trust.py) ------------------------------------------------
+    Key(
+        "trust",
+        False,
+        "FedRAPP's trust option (ours): each client's memory and peers are used only as far as they beat its own "
+        "last tuned prompt on its new batch (label-free evidence the client reports); false = the paper's rule",
+        group="trust",
+        everyday=True,
+    ),
+    Key(
+        "trust-memory-target",
+        0.275,
+        "trust option: share of rounds a client's sent prompt must win its neighbour vote for half its memory "
+        "(the memory trust ramps from 0 to 1 between this - 0.075 and this + 0.075)",
+        minimum=0.0,
+        maximum=1.0,
+        group="trust",
+    ),
+    Key(
+        "trust-peer-target",
+        0.15,
+        "trust option: share of rounds the paper's prompt must beat a client's own in information for its peer "
+        "trust to hold (it rises above, falls below)",
+        minimum=0.0,
+        maximum=1.0,
+        group="trust",
+    ),
+    # --- deployment ---------------------------------------------------------------------------------
+    Key(
+        "min-nodes",
+        0,
+        "nodes to wait for before round 1; 0 = num-clients (or 1 when num-clients = 0)",
+        minimum=0,
+        group="deployment",
+    ),
+    Key(
+        "node-wait-timeout",
+        300.0,
+        "seconds to wait for min-nodes nodes",
+        minimum=0.0,
+        exclusive_minimum=True,
+        group="deployment",
+    ),
+    Key(
+        "round-timeout",
+        900.0,
+        "seconds to wait for the replies of a round",
+        minimum=0.0,
+        exclusive_minimum=True,
+        group="deployment",
+    ),
+    Key(
+        "max-norm-ratio",
+        100.0,
+        "an upload whose norm exceeds this multiple of the initial prompt's is rejected",
+        minimum=1.0,
+        group="deployment",
+    ),
+    # --- engine -------------------------------------------------------------------------------------
+    Key(
+        "model",
+        "testbed",
+        "CLIP checkpoint: 'testbed' (shipped), a local folder or a Hugging Face Hub id",
+        group="engine",
+        everyday=True,
+    ),
+    Key(
+        "device",
+        "auto",
+        "'auto' (CUDA when present), 'cpu', 'cuda' or 'cuda:N'; in the simulation each client sees its GPU share as "
+        "cuda:0; a SuperNode's node config 'device' overrides it",
+        group="engine",
+        everyday=True,
+    ),
+    Key(
+        "precision",
+        "fp32",
+        "compute precision: fp32 (IEEE, TF32 off on GPUs), bf16 or fp16 autocast (fp16 with loss scaling)",
+        choices=("fp32", "bf16", "fp16"),
+        group="engine",
+        everyday=True,
+    ),
+    Key(
+        "deterministic",
+        False,
+        "deterministic GPU kernels: bit-reproducible csc runs on one GPU, at some speed cost",
+        group="engine",
+    ),
+    # --- attack (robustness experiments) --------------------------------------------------------------
+    Key(
+        "attack",
+        "none",
+        "what the clients in attack-clients upload instead of their tuned prompt",
+        choices=("none", "random", "scaled"),
+        group="attack",
+    ),  # see fedrapp_app/attacks.py
+    Key("attack-clients", "", "comma-separated ids of adversarial clients, e.g. '0,5'", group="attack"),
+    Key(
+        "attack-scale",
+        10.0,
+        "scaled attack: the upload is sent + attack-scale * (tuned - sent)",
+        minimum=0.0,
+        group="attack",
+    ),
 )
 
 KEY_BY_NAME: dict[str, Key] = {k.name: k for k in KEYS}
@@ -390,7 +482,7 @@ def check_values(run_config: Mapping[str, Any]) -> dict[str, Scalar]:
         key = KEY_BY_NAME.get(name)
         if key is None:
             close = difflib.get_close_matches(name, KEY_BY_NAME, n=1)
-            hint = f"did you mean {close[0]!r}?" if close else "see the README's configuration table"
+            hint = f"did you mean {close[0]!r}?" if close else "every key is in docs/configuration.md"
             problems.append(f"  {name} = {value!r}: unknown key ({hint})")
             continue
         why = key.check(value)
@@ -411,14 +503,34 @@ def attack_clients(text: str) -> frozenset[int]:
 
 
 def _testbed_pool_problems(clients: int, v: Mapping[str, Scalar]) -> list[str]:
-    """The testbed's pool size is a config value: check here that ``clients`` partitions of it can exist."""
-    pool, minimum = int(v["testbed-samples"]), int(v["min-partition-size"]) if v["partition"] == "dirichlet" else 1
+    """The testbed's pool size is a config value: check here that ``clients`` partitions of it can exist.
+
+    The suggested pool for a Dirichlet partition is 4x the smallest that fits (``clients x min-partition-size``):
+    a Dirichlet(alpha) draw gives many clients fewer samples than the minimum, and those are topped up from the
+    largest clients (``data.partition.repair_min_size``), which evens out the partition drawn. Measured at alpha 0.1,
+    seed 0, 600 clients x 10: a pool of 6000 tops up 323 clients (24% of the samples move, median client 10
+    samples), 24000 tops up 23 (0.3%, median 35).
+    """
+    pool, batch = int(v["testbed-samples"]), int(v["batch-size"])
+    if v["partition"] != "dirichlet":  # iid: one sample per client fits; one batch each is a run worth its name
+        if clients <= pool:
+            return []
+        return [
+            f"  num-clients = {clients}: the testbed pool of testbed-samples = {pool} cannot give {clients} clients "
+            f'one sample each (fix: -c "testbed-samples={clients * batch}", one batch of batch-size = {batch} per '
+            f'client, or -c "num-clients={pool}")'
+        ]
+    minimum = int(v["min-partition-size"])
     if clients * minimum <= pool:
         return []
-    need = f"{clients} clients x {minimum} samples" if minimum > 1 else f"{clients} clients"
+    fits = [f'-c "num-clients={pool // minimum}"'] if pool >= minimum else []
+    fits += [f'-c "min-partition-size={pool // clients}"'] if pool >= clients else []
     return [
-        f"  num-clients = {clients}: the testbed pool of testbed-samples = {pool} cannot give {need} "
-        f'(fix: -c "testbed-samples={clients * max(minimum, 1) * 4}", fewer clients, or a lower min-partition-size)'
+        f"  num-clients = {clients}: the testbed pool of testbed-samples = {pool} cannot give {clients} clients x "
+        f"min-partition-size = {minimum} samples = {clients * minimum} (fix: "
+        f'-c "testbed-samples={clients * minimum * 4}", 4x the {clients * minimum} that just fit: a Dirichlet draw '
+        f"leaves many clients short of min-partition-size, and topping them up from the largest ones evens out the "
+        f"partition it drew; or {' or '.join(fits) or 'fewer clients'})"
     ]
 
 
@@ -441,7 +553,10 @@ def _check_combinations(v: Mapping[str, Scalar]) -> None:
                 "carry a start time); set -c \"run-name='<name>'\"",
             )
         )
-    if v["model"] == "testbed" and v["dataset"] != "testbed":
+    shipped = Path(__file__).resolve().parent / "testbed" / "model"  # the testbed CLIP, also given by its path
+    if v["dataset"] != "testbed" and (
+        v["model"] == "testbed" or Path(str(v["model"])).expanduser().resolve() == shipped
+    ):
         problems.append(
             _problem(
                 "model",
@@ -450,33 +565,17 @@ def _check_combinations(v: Mapping[str, Scalar]) -> None:
                 'use a real CLIP such as model="openai/clip-vit-base-patch16"',
             )
         )
-    for probe in ("trust-probe", "trust-peer-probe"):
-        if v[probe] and not v["trust-memory-keep"]:
-            problems.append(  # the fix is a given value of another key, so not _problem's generic hint
-                f"  trust-memory-keep = False: {probe} = true needs it: the probe is the paper's prompt, built from "
-                f"the paper's memory, which only the kept memory still holds (fix: "
-                f"{override_hint('trust-memory-keep', 'true')}, or drop {probe})"
-            )
-    if v["trust-probe"] and v["trust-peer-probe"]:
-        problems.append(
-            _problem("trust-peer-probe", True, "trust-probe = true already has both trusts read the probe; set one")
+    if v["trust"] and v["strategy"] != "fedrapp":
+        problems.append(  # the fix is another key's value, so not _problem's hint to change this one
+            f"  trust = True: the trust option is FedRAPP's; strategy = {v['strategy']!r} has none "
+            f"(fix: {override_hint('strategy', 'fedrapp')}, or drop trust)"
         )
-    probed = v["trust-probe"] or v["trust-peer-probe"]
-    if v["trust-rate"] > 0 and v["trust-memory-init"] == 0 and v["trust-peer-init"] == 0 and not probed:
-        problems.append(
-            _problem(
-                "trust-peer-init",
-                0.0,
-                "with trust-memory-init = 0 too, every client is sent its own prompt back, which is no evidence: "
-                "the trusts are never earned (none-fed for good); start one above 0",
-            )
-        )
-    inert = sorted(k for k in DEFAULTS if k.startswith("trust-") and k != "trust-rate" and v[k] != DEFAULTS[k])
+    inert = [k for k in ("trust-memory-target", "trust-peer-target") if v[k] != DEFAULTS[k]]
     if inert and not _rule_reads_h_own(v):
         problems.append(  # the fix is another key's value, so not _problem's hint to change this one
             f"  {inert[0]} = {v[inert[0]]!r}: has no effect: FedRAPP's trust option is off (strategy = "
-            f"{v['strategy']!r}, trust-rate = {v['trust-rate']}); it needs strategy='fedrapp' and trust-rate > 0 "
-            f"(fix: {override_hint('trust-rate', '1.0')}, or drop {inert[0]})"
+            f"{v['strategy']!r}, trust = {v['trust']}); it needs strategy='fedrapp' and trust = true "
+            f"(fix: {override_hint('trust', 'true')}, or drop {inert[0]})"
         )
     try:
         attackers = attack_clients(str(v["attack-clients"]))
@@ -536,21 +635,6 @@ RULE_KEYS: dict[str, dict[str, str]] = {
         "gamma0": "gamma0",
         "gamma-max": "gamma_max",
         "update-clip": "update_clip",
-        "trust-rate": "trust_rate",
-        "trust-memory-init": "trust_memory_init",
-        "trust-peer-init": "trust_peer_init",
-        "trust-memory-target": "trust_memory_target",
-        "trust-peer-target": "trust_peer_target",
-        "trust-marginal": "trust_marginal",
-        "trust-memory-votes": "trust_memory_votes",
-        "trust-peer-votes": "trust_peer_votes",
-        "trust-vote-tie": "trust_vote_tie",
-        "trust-memory-ramp": "trust_memory_ramp",
-        "trust-peer-ramp": "trust_peer_ramp",
-        "trust-pool": "trust_pool",
-        "trust-memory-keep": "trust_memory_keep",
-        "trust-probe": "trust_probe",
-        "trust-peer-probe": "trust_peer_probe",
     },
     "none-fed": {},
     "fedavg": {},
@@ -560,6 +644,12 @@ RULE_KEYS: dict[str, dict[str, str]] = {
     "fedtrimmedavg": {"trimmed-beta": "beta"},
     "krum": {"krum-malicious": "num_malicious"},
     "domain-oracle": {},  # its parameter, the client -> domain map, comes from the data spec
+}
+#: FedRAPP with its trust option (``trust = true``): the paper's keys and the option's two targets.
+RULE_KEYS["fedrapp-trust"] = {
+    **RULE_KEYS["fedrapp"],
+    "trust-memory-target": "trust_memory_target",
+    "trust-peer-target": "trust_peer_target",
 }
 
 #: Run-config keys of the data layer -> DataSpec fields.
@@ -634,10 +724,8 @@ class RunConfig:
 
     def rule_params(self) -> tuple[str, dict[str, Any]]:
         """Name and hyperparameters of the server rule."""
-        name = str(self.values["strategy"])
-        params: dict[str, Any] = {  # switches are 0/1 numbers to a rule
-            param: float(v) if isinstance(v := self.values[key], bool) else v for key, param in RULE_KEYS[name].items()
-        }
+        name = "fedrapp-trust" if _rule_reads_h_own(self.values) else str(self.values["strategy"])
+        params: dict[str, Any] = {param: self.values[key] for key, param in RULE_KEYS[name].items()}
         if name == "domain-oracle":
             params["groups"] = self.domain_groups()
         return name, params
@@ -670,7 +758,7 @@ class RunConfig:
 
 def _rule_reads_h_own(values: Mapping[str, Scalar]) -> bool:
     """FedRAPP's trust option (ours) is on: the rule reads each client's H_own."""
-    return values["strategy"] == "fedrapp" and float(values.get("trust-rate", 0.0)) > 0
+    return values["strategy"] == "fedrapp" and bool(values.get("trust", False))
 
 
 def _domain_groups(spec) -> tuple[int, ...]:
@@ -696,35 +784,80 @@ def toml_literal(value: Scalar) -> str:
     return repr(value)
 
 
-def markdown_table() -> str:
-    """The README's configuration table (``python -m fedrapp_app.config`` prints it)."""
+def markdown_table(keys: tuple[Key, ...] | None = None) -> str:
+    """A configuration table of ``keys`` (default: the everyday keys, the README's table)."""
     rows = ["| key | default | allowed | meaning |", "|---|---|---|---|"]
-    for k in KEYS:
+    for k in EVERYDAY if keys is None else keys:
         text = k.help.replace("|", "\\|")
         rows.append(f"| `{k.name}` | `{toml_literal(k.default)}` | {k.allowed()} | {text} |")
     return "\n".join(rows)
+
+
+#: The keys the README shows and pyproject.toml lists first, with their meaning.
+EVERYDAY: tuple[Key, ...] = tuple(k for k in KEYS if k.everyday)
+
+
+def reference_page() -> str:
+    """docs/configuration.md: every key, by group (``python -m fedrapp_app.config --sync`` writes it)."""
+    parts = [
+        "# Configuration reference",
+        "",
+        "<!-- Generated from fedrapp_app/config.py by `python -m fedrapp_app.config --sync`; do not edit. -->",
+        "",
+        "Every key of a run, by group. The keys in **bold** are the everyday ones: the README shows them and "
+        "`pyproject.toml` lists them first, with their meaning; the others follow there without comments. All of "
+        "them are set the same way, for `fedrapp-sim` and plain `flwr run` alike: "
+        '`-c "key=value key2=value2"` (strings in single quotes: `-c "strategy=\'fedavg\'"`) or `-c file.toml` (one '
+        "file, its keys at the top level, as in `pyproject-run.toml`). Flower refuses a key that is not declared in "
+        "`[tool.flwr.app.config]`, which is why every key is declared there. A bad value, an unknown key or two "
+        "keys that contradict each other fail before any model or data is loaded, with one message naming the "
+        "key and the fix.",
+        "",
+        "A developer who adds or changes a key edits `KEYS` in `fedrapp_app/config.py` and runs "
+        "`python -m fedrapp_app.config --sync`, which rewrites this page, the README's table and "
+        "`pyproject.toml`'s block (a test checks that the three agree with the code).",
+        "",
+    ]
+    for name, purpose in GROUPS:
+        keys = tuple(k for k in KEYS if k.group == name)
+        parts += [f"## {name[0].upper()}{name[1:]}: {purpose}", "", markdown_table(keys), ""]
+    text = "\n".join(parts)
+    for k in EVERYDAY:
+        text = text.replace(f"| `{k.name}` |", f"| **`{k.name}`** |", 1)
+    return text
 
 
 def pyproject_block() -> str:
     """The ``[tool.flwr.app.config]`` table (``python -m fedrapp_app.config --pyproject`` prints it)."""
     lines = [
         "[tool.flwr.app.config]",
-        '# Every knob of a run; override with `flwr run . -c "k=v"` or `-c file.toml` (see the README\'s table).',
+        '# Override any key with `flwr run . -c "key=value ..."` or `-c file.toml` (also `fedrapp-sim -c ...`).',
+        "# ---- the everyday keys (the README's table), by group",
     ]
-    for k in KEYS:
-        assignment = f"{k.name} = {toml_literal(k.default)}"
-        lines.append(assignment.ljust(max(len(assignment) + 2, 50)) + f"# {k.help}")
+    for name, _ in GROUPS:
+        everyday = [k for k in EVERYDAY if k.group == name]
+        lines += [f"# {name}"] if everyday else []
+        for k in everyday:
+            assignment = f"{k.name} = {toml_literal(k.default)}"
+            lines.append(assignment.ljust(max(len(assignment) + 2, 30)) + f"# {k.help}")
+    lines.append("# ---- the advanced keys, by group: docs/configuration.md says what each does")
+    for name, _ in GROUPS:
+        advanced = [k for k in KEYS if k.group == name and not k.everyday]
+        lines += [f"# {name}"] if advanced else []
+        lines += [f"{k.name} = {toml_literal(k.default)}" for k in advanced]
     return "\n".join(lines)
 
 
 def sync_docs(root: Path) -> None:
-    """Rewrite README.md's configuration table and pyproject.toml's config block from ``KEYS`` (for developers
-    who add or change a key: ``python -m fedrapp_app.config --sync``; a test checks they agree)."""
+    """Rewrite README.md's configuration table, docs/configuration.md and pyproject.toml's config block from
+    ``KEYS`` (for developers who add or change a key: ``python -m fedrapp_app.config --sync``; a test checks that
+    they agree)."""
     import re
 
     readme = root / "README.md"
     table = re.compile(r"\| key \| default \| allowed \| meaning \|\n\|---\|---\|---\|---\|\n(\|.*\|\n)+")
     readme.write_text(table.sub(lambda _: markdown_table() + "\n", readme.read_text()))
+    (root / "docs" / "configuration.md").write_text(reference_page())
     pyproject = root / "pyproject.toml"
     block = re.compile(r"\[tool\.flwr\.app\.config\]\n.*?\n\n", re.S)
     pyproject.write_text(block.sub(lambda _: pyproject_block() + "\n\n", pyproject.read_text()))

@@ -7,8 +7,8 @@ the results, such as the files it could not decode); its metrics carry what the 
 (``client-id``, ``h-pre``, ``h-post``, ``num-examples``; optionally ``h-own``, the mean prediction entropy of the
 client's own last tuned prompt on the batch, ``hm-pre`` / ``hm-own``, the entropy of the batch-mean prediction
 of the received and of the own prompt, and ``v-pre`` / ``v-own``, the neighbour votes for each where the two
-disagree, which FedRAPP's trust option reads; with its probe, ``h-probe``, ``hm-probe``, ``v-probe`` and
-``v-own-probe``, the same for the probe the server sent beside the prompt) and reporting values that only the
+disagree, which FedRAPP's trust option reads; with its probe, ``h-probe`` and ``hm-probe``, the entropies of the
+probe the server sent beside the prompt) and reporting values that only the
 results recorder reads (accuracy counts, timings). A train message holds ``"prompt"`` and ``"config"`` and, when the
 server rule asks a client to score a second prompt (FedRAPP's probe), ``"probe"`` (an ArrayRecord like the prompt).
 """
@@ -33,11 +33,11 @@ PROBE = "probe"  # optional ArrayRecord of a train message: a second prompt to s
 RULE_METRICS = ("client-id", "h-pre", "h-post", "num-examples")
 #: Metrics the server rule reads when a reply has them (a reply without them is valid; the rule then sees None):
 #: what a client reports about its own last tuned prompt on the batch (FedRAPP's trust option reads them).
-OPTIONAL_RULE_METRICS = ("h-own", "hm-pre", "hm-own", "v-pre", "v-own", "h-probe", "hm-probe", "v-probe", "v-own-probe")
+OPTIONAL_RULE_METRICS = ("h-own", "hm-pre", "hm-own", "v-pre", "v-own", "h-probe", "hm-probe")
 #: The Upload fields that hold them, in the same order.
 OWN_PROMPT_FIELDS = tuple(key.replace("-", "_") for key in OPTIONAL_RULE_METRICS)
 #: Those that are neighbour votes, shares of a batch in [0, 1] (the others are entropies, >= 0).
-VOTE_METRICS = ("v-pre", "v-own", "v-probe", "v-own-probe")
+VOTE_METRICS = ("v-pre", "v-own")
 
 
 def prompt_to_record(blocks: Sequence[np.ndarray]) -> ArrayRecord:
@@ -91,8 +91,6 @@ class Upload:
     v_own: float | None = None  # the same for the own prompt
     h_probe: float | None = None  # the probe's entropy on the batch (when the server sent one)
     hm_probe: float | None = None  # entropy of the probe's batch-mean prediction
-    v_probe: float | None = None  # neighbour vote for the probe against the own prompt, in [0, 1]
-    v_own_probe: float | None = None  # the same for the own prompt (against the probe)
 
 
 class RejectedReply(ValueError):

@@ -85,7 +85,7 @@ def _row(row: ClientRow, report: RoundReport) -> dict[str, Any]:
     if u.v_pre is not None and u.v_own is not None:  # the neighbour votes for the received and the own prompt
         out.update(v_pre=u.v_pre, v_own=u.v_own)
     if u.h_probe is not None:  # the probe the rule sent, against the own prompt (FedRAPP's trust probe)
-        out.update(h_probe=u.h_probe, hm_probe=u.hm_probe, v_probe=u.v_probe, v_own_probe=u.v_own_probe)
+        out.update(h_probe=u.h_probe, hm_probe=u.hm_probe)
         if "correct-probe" in report_metrics:
             out["acc_probe"] = int(report_metrics.pop("correct-probe")) / u.num_examples
     if report.output is not None:

@@ -118,6 +118,7 @@ def test_every_rule_has_params_and_every_ablation_is_valid() -> None:
         == set(PARAMS)
         == {
             "fedrapp",
+            "fedrapp-trust",
             "none-fed",
             "fedavg",
             "fedamp",
@@ -147,7 +148,7 @@ def test_integers_from_a_config_become_floats() -> None:
             "fedprox",
             {},
             ValueError,
-            "unknown server rule 'fedprox'; allowed: fedrapp, none-fed, fedavg, fedamp",
+            "unknown server rule 'fedprox'; allowed: fedrapp, fedrapp-trust, none-fed, fedavg, fedamp",
         ),
         ("fedrapp", {"temperature": 1}, ValueError, "unknown parameter 'temperature'.*allowed: lambda_drop"),
         (
@@ -166,12 +167,8 @@ def test_integers_from_a_config_become_floats() -> None:
         ("fedrapp", {"mu0": 1.5}, ValueError, r"mu0 = 1.5 is outside its allowed range \[0, 1\]"),
         ("fedrapp", {"gamma_max": 1.2}, ValueError, r"gamma_max = 1.2 is outside its allowed range \[0, 1\]"),
         ("fedrapp", {"gamma0": 0.9}, ValueError, "gamma0 = 0.9 exceeds gamma_max = 0.8"),
-        (
-            "fedrapp",
-            {"trust_rate": 1.0, "trust_memory_init": 0.0, "trust_peer_init": 0.0},
-            ValueError,
-            "lock every client at none-fed",
-        ),
+        ("fedrapp", {"trust_peer_target": 0.3}, ValueError, "unknown parameter 'trust_peer_target'"),
+        ("fedrapp-trust", {"gamma0": 0.9}, ValueError, "TrustParams.gamma0 = 0.9 exceeds gamma_max = 0.8"),
         ("fedrapp", {"eta": float("nan")}, ValueError, "eta = nan is outside"),
         (
             "fedrapp",

@@ -477,3 +477,10 @@ def test_a_checkpoint_of_other_settings_is_run_again(tiny_model, tmp_path, monke
     run_bench(source, monkeypatch, CountingRunCell())
     rows = read_rows(tmp_path / "bench")
     assert len(rows) == 2 and rows[1]["full_config"]["resume"] is False and rows[1]["summary"]["rounds"] == 2
+
+
+@pytest.mark.parametrize("path", sorted((Path(__file__).parent.parent / "conf" / "bench").glob("*.yaml")), ids=str)
+def test_every_shipped_bench_file_loads_and_every_cell_config_validates(path):
+    """A key renamed or removed in the run config must not leave a shipped grid that fails when a user runs it."""
+    spec = load_bench(path)
+    assert spec.cells

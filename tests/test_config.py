@@ -7,9 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from fedrapp_app.aggregation import make_params, make_rule
+from fedrapp_app.aggregation import FedRAPPParams, TrustParams, make_params, make_rule
 from fedrapp_app.config import (
     DEFAULTS,
+    EVERYDAY,
+    GROUPS,
     KEYS,
     LOCAL_METHODS,
     STRATEGIES,
@@ -17,6 +19,7 @@ from fedrapp_app.config import (
     RunConfig,
     markdown_table,
     pyproject_block,
+    reference_page,
 )
 from fedrapp_app.methods import make_method
 
@@ -78,12 +81,12 @@ def test_config_values_reach_the_method_and_the_rule():
         ({"dataset": "dtd"}, "model", "real CLIP"),
         ({"testbed-domains": "fog:1"}, "testbed-domains", "fog"),
         ({"partition": "shards"}, "partition", "one of"),
-        ({"trust-memory-ramp": 0.15}, "trust-memory-ramp", "trust-rate > 0"),  # the trust option is off
-        ({"strategy": "fedavg", "trust-rate": 1.0, "trust-pool": 2.0}, "trust-pool", "strategy='fedrapp'"),
-        ({"trust-rate": 1.0, "trust-memory-init": 0.0, "trust-peer-init": 0.0}, "trust-peer-init", "never earned"),
-        ({"trust-memory-keep": True}, "trust-memory-keep", "trust-rate > 0"),
-        ({"trust-rate": 1.0, "trust-probe": True}, "trust-memory-keep", "trust-probe = true needs it"),
-        ({"trust-rate": 1.0, "trust-peer-probe": True}, "trust-memory-keep", "trust-peer-probe = true needs it"),
+        ({"trust-memory-target": 0.3}, "trust-memory-target", '-c "trust=true"'),  # the trust option is off
+        ({"strategy": "fedavg", "trust-peer-target": 0.2}, "trust-peer-target", "strategy='fedrapp'"),
+        ({"strategy": "fedavg", "trust": True}, "trust = True", "strategy='fedrapp'"),
+        ({"trust": 1}, "trust", "must be a boolean"),
+        ({"trust-rate": 1.0}, "trust-rate", "unknown key (did you mean 'trust'"),  # the knobs of the exploration
+        ({"trust": True, "trust-peer-target": 1.5}, "trust-peer-target", "<= 1.0"),
     ],
 )
 def test_bad_values_name_the_key_and_what_is_allowed(overrides, key, hint):
@@ -115,17 +118,26 @@ def test_derived_run_name_names_the_main_choices():
     assert name == "testbed-testbed-adaprompt-fedavg-seed3"
 
 
-def test_readme_and_pyproject_show_the_schema():
-    """README's table and pyproject's config block are what `python -m fedrapp_app.config` prints."""
+def test_the_readme_the_reference_and_pyproject_show_the_schema():
+    """README's table (the everyday keys), docs/configuration.md (every key, by group) and pyproject's config block
+    are what ``python -m fedrapp_app.config --sync`` writes; pyproject declares every key (Flower refuses an
+    override of an undeclared one), the everyday ones first."""
     assert markdown_table() in (ROOT / "README.md").read_text()
+    assert (ROOT / "docs" / "configuration.md").read_text() == reference_page()
     assert pyproject_block() in (ROOT / "pyproject.toml").read_text()
+    declared = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["flwr"]["app"]["config"]
+    assert list(declared) == [k.name for k in EVERYDAY] + [
+        k.name for k in KEYS if not k.everyday and k.name in declared
+    ]
+    assert declared == DEFAULTS
+    assert {k.group for k in KEYS} == {name for name, _ in GROUPS}
 
 
-def test_trust_keys_are_accepted_with_the_trust_option_on():
-    config = RunConfig.from_run_config({"trust-rate": 1.0, "trust-memory-ramp": 0.15, "trust-vote-tie": -1.0})
-    assert config.rule_params()[1]["trust_memory_ramp"] == 0.15 and config.reports_own_prompt
-    kept = RunConfig.from_run_config({"trust-rate": 1.0, "trust-memory-keep": True}).rule_params()
-    assert kept[1]["trust_memory_keep"] == 1.0 and make_params(*kept).trust_memory_keep == 1.0  # a switch, as 0/1
-    probed = {"trust-rate": 1.0, "trust-memory-keep": True, "trust-probe": True}
-    zero = {"trust-memory-init": 0.0, "trust-peer-init": 0.0}  # no lock with the probe: allowed
-    assert make_params(*RunConfig.from_run_config({**probed, **zero}).rule_params()).trust_probe == 1.0
+def test_the_trust_switch_selects_the_option_with_its_two_targets():
+    config = RunConfig.from_run_config({"trust": True, "trust-memory-target": 0.3})
+    name, params = config.rule_params()
+    assert name == "fedrapp-trust" and config.reports_own_prompt
+    assert make_params(name, params) == TrustParams(trust_memory_target=0.3)
+    paper = RunConfig.from_run_config({}).rule_params()
+    assert paper[0] == "fedrapp" and make_params(*paper) == FedRAPPParams()
+    assert not RunConfig.from_run_config({}).reports_own_prompt

@@ -98,8 +98,8 @@ def test_the_run_config_turns_the_own_prompt_on_where_it_is_read():
     def own(**overrides) -> bool:
         return RunConfig.from_run_config(overrides).method_params()[1].get("own_prompt", False)
 
-    assert not own() and not own(**{"trust-rate": 0.5, "strategy": "fedavg"})
-    assert own(**{"report-own-prompt": True}) and own(**{"trust-rate": 0.5})
+    assert not own() and not own(**{"strategy": "fedavg"})
+    assert own(**{"report-own-prompt": True}) and own(**{"trust": True})
 
 
 # ----- the wire -------------------------------------------------------------------------------------------
@@ -168,8 +168,8 @@ def test_neighbour_votes_do_not_reward_a_collapse():
 def test_a_probe_is_scored_against_the_own_prompt_and_a_probe_equal_to_the_received_prompt_scores_like_it(
     tiny_pclip, make_pixels, name
 ):
-    """The probe's entropy, marginal and votes are the formulas on its own logits; sent the received prompt as the
-    probe, a client reports for it exactly what it reports for the received prompt; no prompt or prediction moves."""
+    """The probe's entropy and marginal are the formulas on its own logits; sent the received prompt as the probe, a
+    client reports for it exactly what it reports for the received prompt; no prompt or prediction moves."""
     batches = [make_pixels(6, seed=s) for s in range(3)]
     plain = rounds(make_method(name, PARAMS[name], own_prompt=True), tiny_pclip, batches)
     method, prompt = make_method(name, PARAMS[name], own_prompt=True), None
@@ -189,8 +189,6 @@ def test_a_probe_is_scored_against_the_own_prompt_and_a_probe_equal_to_the_recei
         assert result.probe.h_probe == pytest.approx(mean_entropy(logits), rel=1e-5, abs=1e-6)
         assert result.probe.hm_probe == pytest.approx(batch_marginal_entropy(logits), rel=1e-5, abs=1e-6)
         assert torch.equal(result.probe.predictions, logits.argmax(-1))
-        votes = neighbour_votes(features, logits.argmax(-1), result.predictions_own)
-        assert (result.probe.v_probe, result.probe.v_own) == pytest.approx(votes)
     same = make_method(name, PARAMS[name], own_prompt=True)
     for k, pixels in enumerate(batches):
         prompt = same.initial_prompt(tiny_pclip) if k == 0 else [b + 0.01 * k for b in plain[k - 1].prompt]
@@ -198,7 +196,7 @@ def test_a_probe_is_scored_against_the_own_prompt_and_a_probe_equal_to_the_recei
         result = same.adapt(tiny_pclip, prompt, pixels, torch.Generator().manual_seed(k))
     assert result.probe.h_probe == pytest.approx(result.h_pre, rel=1e-5)
     assert result.probe.hm_probe == pytest.approx(result.hm_pre, rel=1e-5)
-    assert (result.probe.v_probe, result.probe.v_own) == (result.v_pre, result.v_own)
+    assert torch.equal(result.probe.predictions, result.predictions_before)
 
 
 def test_a_probe_of_another_shape_is_refused_and_zero_shot_ignores_it(tiny_pclip, make_pixels):
@@ -215,10 +213,10 @@ def test_a_probe_of_another_shape_is_refused_and_zero_shot_ignores_it(tiny_pclip
 
 
 def test_the_probes_reports_travel_as_optional_rule_metrics_within_their_ranges():
-    probe = {"h-probe": 0.4, "hm-probe": 2.0, "v-probe": 0.25, "v-own-probe": 0.0}
+    probe = {"h-probe": 0.4, "hm-probe": 2.0}
     upload = parse_train_reply(_reply(**probe), 1, SHAPES, 1e6)
-    assert (upload.h_probe, upload.hm_probe, upload.v_probe, upload.v_own_probe) == (0.4, 2.0, 0.25, 0.0)
+    assert (upload.h_probe, upload.hm_probe) == (0.4, 2.0)
     assert not set(probe) & set(upload.report)  # rule inputs, not reporting
-    for bad in ({"v-probe": 1.5}, {"v-own-probe": -0.1}, {"h-probe": -1.0}):
+    for bad in ({"hm-probe": float("nan")}, {"h-probe": -1.0}):
         with pytest.raises(RejectedReply, match=next(iter(bad))):
             parse_train_reply(_reply(**{**probe, **bad}), 1, SHAPES, 1e6)

@@ -23,14 +23,10 @@ from federation import (
     small_run,
 )
 
-#: The trust option with a step large enough to move the trusts within the test's few rounds.
-TRUST = {"trust-rate": 0.5, "trust-memory-target": 0.5, "trust-peer-target": 0.2}
-#: Both trusts as ramps of the pooled win share (wide, so that any evidence moves them).
-RAMPS = {"trust-rate": 1.0, "trust-memory-ramp": 0.8, "trust-peer-ramp": 0.8, "trust-memory-target": 0.5}
-#: The ramps with the kept memory and the probe: clients also score the paper's prompt, which the trusts read.
-PROBED = {**RAMPS, "trust-memory-keep": True, "trust-probe": True}
-#: The ramps' counts a resumed run must carry.
-COUNTS = {"trust-memory-wins", "trust-memory-rounds", "trust-peers-wins", "trust-peers-rounds"}
+#: FedRAPP's trust option, with a memory target low enough for the tiny model's few rounds to move the memory trust.
+TRUST = {"trust": True, "trust-memory-target": 0.1}
+#: What the option carries from round to round.
+STATE = {"trust-memory", "trust-peers", "trust-memory-wins", "trust-memory-rounds", "probe"}
 
 
 @pytest.fixture(scope="module")
@@ -59,24 +55,22 @@ def test_the_trust_option_runs_and_scales_mu_and_gamma(testbed_tiny, tmp_path):
     assert summary["status"] == "finished" and summary["complete"]
     rows = read_rows(summary["run_dir"])
     assert all(0.0 <= r["trust_memory"] <= 1.0 and 0.0 <= r["trust_peers"] <= 1.0 for r in rows)
-    assert all(r["trust_memory"] == r["trust_peers"] == 1.0 for r in rows if r["round"] == 1)  # no evidence yet
+    first = [r for r in rows if r["round"] == 1]  # no own prompt yet, no evidence: t = 0, u = 1
+    assert first and all(r["trust_memory"] == 0.0 and r["trust_peers"] == 1.0 for r in first)
     assert all(r["mu"] <= r["trust_memory"] + 1e-12 and r["gamma"] <= 0.8 * r["trust_peers"] + 1e-12 for r in rows)
-    assert any(r["trust_memory"] < 1.0 for r in rows)  # evidence arrived and moved a trust
+    moved = {(r["trust_memory"], r["trust_peers"]) for r in rows if r["round"] > 1}
+    assert len(moved) > 1  # evidence arrived and moved the trusts
 
 
-@pytest.mark.parametrize(
-    ("option", "carried"),
-    [(TRUST, set()), (RAMPS, COUNTS), (PROBED, COUNTS | {"probe"})],
-    ids=["steps", "ramps", "probe"],
-)
-def test_a_resumed_trust_run_gives_the_same_results(testbed_tiny, tmp_path, option, carried):
-    """The trusts (and a ramp's counts) are server state: checkpointed after every round and restored on resume."""
-    base = small_run(testbed_tiny, tmp_path, **{"num-rounds": 4}, **option)
+def test_a_resumed_trust_run_gives_the_same_results(testbed_tiny, tmp_path):
+    """The trusts, the memory trust's counts and the probes are server state: checkpointed after every round and
+    restored on resume."""
+    base = small_run(testbed_tiny, tmp_path, **{"num-rounds": 4}, **TRUST)
     whole, whole_grid, _ = run_federation({**base, "run-name": "whole"})
 
     def stop_after_round_2(round_number: int, strategy) -> None:
         if round_number == 2:
-            assert set(strategy.state.rule_state) == {"trust-memory", "trust-peers"} | carried
+            assert set(strategy.state.rule_state) == STATE
             raise KeyboardInterrupt("stopped after round 2")
 
     cut = {**base, "run-name": "cut"}
@@ -86,23 +80,18 @@ def test_a_resumed_trust_run_gives_the_same_results(testbed_tiny, tmp_path, opti
     assert resumed["resumed_after_round"] == 2
     assert comparable_rows(read_rows(whole["run_dir"])) == comparable_rows(read_rows(resumed["run_dir"]))
     assert all(np.array_equal(resumed_grid.sent[k], whole_grid.sent[k]) for k in resumed_grid.sent)
+    assert all(np.array_equal(resumed_grid.probes[k], whole_grid.probes[k]) for k in resumed_grid.probes)
 
 
-@pytest.mark.parametrize(
-    ("option", "votes"),
-    [(TRUST, 0.0), (TRUST, 1.0), (RAMPS, 1.0), (PROBED, 1.0)],
-    ids=["information", "neighbour-votes", "ramps", "probe"],
-)
-def test_labels_never_reach_a_trust(testbed_tiny, tmp_path, monkeypatch, option, votes):
-    """Permuting the labels of every stream changes the scores, not one prompt nor one trust (whichever evidence
-    the trusts read, by steps or by ramps)."""
-    evidence = {"trust-memory-votes": votes, "trust-peer-votes": votes, "trust-vote-tie": -1.0 * votes}
-    rounds = {"num-rounds": 3, "trust-memory-init": 0.5}  # a memory trust from 0.5: any evidence moves it
-    config = small_run(testbed_tiny, tmp_path / "a", **rounds, **option, **evidence)
+def test_labels_never_reach_a_trust(testbed_tiny, tmp_path, monkeypatch):
+    """Permuting the labels of every stream changes the scores, not one prompt, one probe nor one trust."""
+    config = small_run(testbed_tiny, tmp_path / "a", **{"num-rounds": 3}, **TRUST)
     base, grid_a, _ = run_federation(config)
     permute_labels(monkeypatch, len(world.CLASSNAMES), seed=3)
     other, grid_b, _ = run_federation({**config, "output-dir": str(tmp_path / "b")})
     assert all(np.array_equal(grid_a.sent[k], grid_b.sent[k]) for k in grid_a.sent)
+    assert grid_a.probes.keys() == grid_b.probes.keys()
+    assert all(np.array_equal(grid_a.probes[k], grid_b.probes[k]) for k in grid_a.probes)
     trusts = [[(r["trust_memory"], r["trust_peers"]) for r in read_rows(s["run_dir"])] for s in (base, other)]
     assert trusts[0] == trusts[1] and base["micro_accuracy"] != other["micro_accuracy"]
     assert len(set(trusts[0])) > 1  # the trusts moved: the evidence arrived
@@ -110,28 +99,26 @@ def test_labels_never_reach_a_trust(testbed_tiny, tmp_path, monkeypatch, option,
 
 def test_the_probe_travels_to_the_clients_and_is_the_papers_prompt(testbed_tiny, tmp_path):
     """Round 1 sends P0 under both rules, so round 2's probes are exactly the prompts the paper's rule sends in
-    round 2 (while the trusts, from 0, send other prompts); every client scores its probe from round 2 on."""
+    round 2 (while the trusts, the memory trust from 0, send other prompts); every client scores its probe from
+    round 2 on."""
     base = small_run(testbed_tiny, tmp_path, **{"num-rounds": 3, "local-method": "im"})
     _, paper, _ = run_federation({**base, "run-name": "paper"})
-    probed = {**PROBED, "trust-memory-init": 0.0, "trust-peer-init": 0.0}  # both from 0: no lock with the probe
-    summary, grid, _ = run_federation({**base, "run-name": "probed", **probed})
+    summary, grid, _ = run_federation({**base, "run-name": "trust", **TRUST})
     assert not any(key[0] == 1 for key in grid.probes)  # no probe before the paper's rule has run once
     second = [key for key in grid.probes if key[0] == 2]
     assert second and all(np.array_equal(grid.probes[key], paper.sent[key]) for key in second)
     assert not all(np.array_equal(grid.sent[key], paper.sent[key]) for key in second)  # the trusts' prompts
     rows = [r for r in read_rows(summary["run_dir"]) if r["round"] > 1]
-    assert rows and all(r["h_probe"] >= 0 and 0 <= r["acc_probe"] <= 1 and 0 <= r["v_probe"] <= 1 for r in rows)
+    assert rows and all(r["h_probe"] >= 0 and r["hm_probe"] >= 0 and 0 <= r["acc_probe"] <= 1 for r in rows)
 
 
 @pytest.mark.slow
 def test_the_trust_option_runs_in_flowers_simulation_engine(testbed_tiny, tmp_path):
-    """Through Flower's Ray simulation engine: 3 SuperNodes, 3 rounds, the trusts move and reach the rows; with the
-    probe, so that a train message carrying two prompts crosses the engine too."""
-    # a memory trust from 0.5: any evidence moves it
-    probe = {"trust-memory-keep": True, "trust-probe": True}
-    config = small_run(testbed_tiny, tmp_path, **{"num-rounds": 3, "trust-memory-init": 0.5}, **TRUST, **probe)
+    """Through Flower's Ray simulation engine: 3 SuperNodes, 3 rounds, the trusts move and reach the rows; the option
+    sends the probe, so a train message carrying two prompts crosses the engine too."""
+    config = small_run(testbed_tiny, tmp_path, **{"num-rounds": 3}, **TRUST)
     rows = read_rows(run_in_flower_simulation(config, num_supernodes=3)["run_dir"])
     assert len(rows) == 9 and all(r["status"] == "ok" for r in rows)
     assert all("h_own" in r and "h_probe" in r and "trust_memory" in r for r in rows if r["round"] > 1)
-    assert all(r["trust_memory"] == 0.5 for r in rows if r["round"] == 1)
-    assert any(r["trust_memory"] != 0.5 for r in rows if r["round"] > 1)
+    assert all(r["trust_memory"] == 0.0 and r["trust_peers"] == 1.0 for r in rows if r["round"] == 1)
+    assert any((r["trust_memory"], r["trust_peers"]) != (0.0, 1.0) for r in rows if r["round"] > 1)

@@ -34,6 +34,7 @@ from fedrapp_app.aggregation.robust import (
     fedtrimmedavg_round,
     krum_round,
 )
+from fedrapp_app.aggregation.trust import TrustParams, trusted_round
 
 __all__ = [
     "krum_round",
@@ -58,6 +59,7 @@ __all__ = [
     "RoundOutput",
     "RoundRule",
     "RuleParams",
+    "TrustParams",
     "domain_oracle_round",
     "fedamp_cos_round",
     "fedamp_round",
@@ -67,10 +69,12 @@ __all__ = [
     "make_rule",
     "none_fed_round",
     "synthetic_round",
+    "trusted_round",
 ]
 
 RULES: dict[str, RoundRule] = {
     "fedrapp": fedrapp_round,
+    "fedrapp-trust": trusted_round,  # FedRAPP with its trust option (ours): strategy = "fedrapp", trust = true
     "none-fed": none_fed_round,
     "fedavg": fedavg_round,
     "fedamp": fedamp_round,
@@ -83,6 +87,7 @@ RULES: dict[str, RoundRule] = {
 
 PARAMS: dict[str, type[RuleParams]] = {
     "fedrapp": FedRAPPParams,
+    "fedrapp-trust": TrustParams,
     "none-fed": NoneFedParams,
     "fedavg": FedAvgParams,
     "fedamp": FedAMPParams,
@@ -96,10 +101,9 @@ PARAMS: dict[str, type[RuleParams]] = {
 #: Rules that use information a real deployment does not have; every table marks them as references.
 REFERENCES = frozenset({"domain-oracle"})
 
-#: Rules that take the optional keyword inputs ``h_own``, ``hm_pre``, ``hm_own`` (what each client reported about
-#: its own last tuned prompt, NaN where nothing) and ``state`` (what the rule carried from its previous round,
-#: ``RoundOutput.state``).
-STATEFUL = frozenset({"fedrapp"})
+#: Rules that take the keyword inputs ``state`` (what the rule carried from its previous round, ``RoundOutput.state``)
+#: and the clients' reports about their own last tuned prompt (``trust.OwnPromptReports``'s fields, NaN where none).
+STATEFUL = frozenset({"fedrapp-trust"})
 
 
 def _check_name(name: str) -> str:
@@ -147,7 +151,7 @@ class BoundRule:
         own: Mapping[str, ArrayLike] | None = None,
         state: Mapping[str, ArrayLike] | None = None,
     ) -> RoundOutput:
-        """The rule on one round; ``own`` (``h_own``, ``hm_pre``, ``hm_own`` [N], NaN where not reported) and
+        """The rule on one round; ``own`` (``trust.OwnPromptReports``'s fields [N], NaN where not reported) and
         ``state`` reach only the rules in :data:`STATEFUL`."""
         rule = RULES[self.name]
         if self.name in STATEFUL:

@@ -24,7 +24,7 @@ import numpy as np
 ROWS_FILE = "cells.jsonl"
 #: Per-client curves that only runs with report-own-prompt have: the own last tuned prompt's entropy and
 #: accuracy on each batch, the neighbour votes for the received and the own prompt, and FedRAPP's memory and peer
-#: trusts (its trust option); with its probe, the probe's entropy, accuracy and votes (against the own prompt).
+#: trusts (its trust option); with its probe, the probe's entropies and accuracy.
 OWN_PROMPT_KEYS = (
     "h_own",
     "acc_own",
@@ -35,8 +35,6 @@ OWN_PROMPT_KEYS = (
     "h_probe",
     "hm_probe",
     "acc_probe",
-    "v_probe",
-    "v_own_probe",
 )
 #: The same runs' method statistics kept as curves: curve name -> client metric (base.OwnPrompt's stats).
 OWN_PROMPT_STATS = {

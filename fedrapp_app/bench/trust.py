@@ -336,8 +336,10 @@ NONE_FED_MARGIN, KEPT_GAIN = 0.002, 0.8
 
 
 def is_trust(setting: Setting) -> bool:
-    """Whether the setting ran FedRAPP's trust option (``trust-rate`` > 0)."""
-    return float(setting.rows[0]["config"].get("trust-rate", 0.0)) > 0
+    """Whether the setting ran FedRAPP's trust option: ``trust = true``, or ``trust-rate`` > 0 in the rows of the
+    exploration (commit 9c3f0c6 and before, when the option had sixteen knobs)."""
+    config = setting.rows[0]["config"]
+    return bool(config.get("trust", False)) or float(config.get("trust-rate", 0.0)) > 0
 
 
 def thresholds_within_noise(vs_none: Stat, best: float) -> list[float] | None:

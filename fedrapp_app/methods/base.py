@@ -133,8 +133,6 @@ class ProbeScore:
 
     h_probe: float  # mean prediction entropy of the probe
     hm_probe: float  # entropy of its batch-mean prediction
-    v_probe: float  # the neighbours' vote for the probe where it and the own prompt disagree (neighbour_votes)
-    v_own: float  # the same for the own prompt
     predictions: Tensor  # [B] long (scored for the analysis only)
 
 
@@ -216,19 +214,12 @@ class OwnPrompt:
         received = received_logits.detach()
         hm_own, hm_pre = batch_marginal_entropy(logits), batch_marginal_entropy(received)
         received_predictions = received.argmax(-1).cpu()
-        host_features = features.cpu()  # the votes' referees, read from the device once for both contests
-        vote_received, vote_own = neighbour_votes(host_features, received_predictions, predictions)
+        vote_received, vote_own = neighbour_votes(features.cpu(), received_predictions, predictions)
         probe = None
         if self.probe is not None:
             probe_logits = _scored(pclip, self.probe, features)
-            probe_predictions = probe_logits.argmax(-1).cpu()
-            vote_probe, vote_own_probe = neighbour_votes(host_features, probe_predictions, predictions)
             probe = ProbeScore(
-                mean_entropy(probe_logits),
-                batch_marginal_entropy(probe_logits),
-                vote_probe,
-                vote_own_probe,
-                probe_predictions,
+                mean_entropy(probe_logits), batch_marginal_entropy(probe_logits), probe_logits.argmax(-1).cpu()
             )
         return OwnScore(
             h_own=mean_entropy(logits),

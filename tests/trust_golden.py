@@ -1,0 +1,112 @@
+"""The golden record of FedRAPP's trust option that ``tests/test_trust_switch.py`` compares against.
+
+The record was made on commit 9c3f0c6 (the last commit with the option's sixteen ``trust-*`` knobs), running the
+cells of :data:`CELLS` with the knobs of the chosen variant spelled out (:data:`CHOSEN_KNOBS`):
+
+    git worktree add /tmp/fedrapp-9c3f0c6 9c3f0c6
+    PYTHONPATH=/tmp/fedrapp-9c3f0c6 python tests/trust_golden.py old tests/data/trust_golden.json
+
+``new`` instead of ``old`` runs the same cells with ``trust = true`` on the checked-out code (what the test does).
+A record holds, per cell, the rows of ``rounds.jsonl`` without what differs between two runs of one config
+(timings, hosts, process ids) and a SHA-256 of each array the run's last checkpoint holds (the memories, the
+prompts last sent, the trusts, the probes).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+#: The trust option as the last commit with its knobs spells the chosen variant (issue 15's "ZKP").
+CHOSEN_KNOBS: dict[str, Any] = {
+    "trust-rate": 1.0,
+    "trust-memory-init": 0.0,
+    "trust-memory-target": 0.275,
+    "trust-memory-ramp": 0.15,
+    "trust-memory-votes": 1.0,
+    "trust-vote-tie": -1.0,
+    "trust-peer-target": 0.15,
+    "trust-memory-keep": True,
+    "trust-peer-probe": True,
+}
+
+#: Small cells of the personalization setting S1 (2 shift domains, 4 clients, Dirichlet 0.5) on the shipped testbed
+#: model: the +csc methods, whose trusts move within a few rounds; one with a fraction, so that absent clients keep
+#: their trusts and probes.
+_S1 = {
+    "model": "testbed",
+    "num-clients": 4,
+    "testbed-samples": 1024,
+    "testbed-domains": "blur:2,contrast:2",
+    "dirichlet-alpha": 0.5,
+    "decode-workers": 0,
+}
+CELLS: dict[str, dict[str, Any]] = {
+    "im+csc": {**_S1, "local-method": "im", "csc": True, "num-rounds": 5},
+    "adaprompt+csc, fraction 0.75": {
+        **_S1,
+        "local-method": "adaprompt",
+        "csc": True,
+        "num-rounds": 6,
+        "fraction": 0.75,
+        "seed": 1,
+    },
+}
+
+#: Row fields that differ between two runs of the same config.
+VOLATILE = ("node", "round_seconds", "aggregate_seconds", "server_seconds", "host", "ray_node", "device")
+
+
+def stable_rows(run_dir: Path) -> list[dict[str, Any]]:
+    """The rows of ``run_dir/rounds.jsonl`` without timings, hosts and process ids."""
+    rows = []
+    for line in (run_dir / "rounds.jsonl").read_text().splitlines():
+        row = {k: v for k, v in json.loads(line).items() if k not in VOLATILE}
+        row["client_metrics"] = {
+            k: v
+            for k, v in row.get("client_metrics", {}).items()
+            if not k.startswith("t-") and k not in ("pid", "model-loaded", "state-rebuilt")
+        }
+        rows.append(row)
+    return rows
+
+
+def checkpoint_digests(run_dir: Path) -> dict[str, str]:
+    """SHA-256 of every array of the run's checkpoint but its metadata (which holds a start time and a token)."""
+    with np.load(run_dir / "checkpoint.npz") as saved:
+        return {
+            k: hashlib.sha256(np.ascontiguousarray(saved[k]).tobytes()).hexdigest() for k in saved.files if k != "meta"
+        }
+
+
+def run_cell(config: dict[str, Any], out_dir: Path) -> dict[str, Any]:
+    """Run one cell in-process (the real ServerApp body, strategy and ClientApp); its rows and digests."""
+    from fedrapp_app.client import app as client_app
+    from fedrapp_app.inprocess import InProcessGrid
+    from fedrapp_app.server import run_server
+
+    config = {**config, "output-dir": str(out_dir), "run-name": "cell"}
+    summary = run_server(InProcessGrid(client_app, int(config["num-clients"]), config), config)
+    run_dir = Path(summary["run_dir"])
+    return {"rows": stable_rows(run_dir), "checkpoint": checkpoint_digests(run_dir)}
+
+
+def record(option: dict[str, Any]) -> dict[str, Any]:
+    """Every cell of :data:`CELLS` with ``option`` on top."""
+    out = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for k, (name, cell) in enumerate(CELLS.items()):
+            out[name] = run_cell({**cell, "strategy": "fedrapp", **option}, Path(tmp) / str(k))
+    return out
+
+
+if __name__ == "__main__":
+    which, path = sys.argv[1:3]
+    option = CHOSEN_KNOBS if which == "old" else {"trust": True}
+    Path(path).write_text(json.dumps({"commit": "9c3f0c6", "cells": record(option)}, indent=1, sort_keys=True) + "\n")
