@@ -5,7 +5,7 @@
 
 Each method runs two steps on one batch of testbed images (the first builds the per-process caches, such as
 the class-name buffers, and fills AdaPrompt's buffer), under
-:class:`fedrapp_app.engine.cuda_emulation.CudaPlacement` with the model marked as living on ``cuda:0``.
+:class:`fedrapp_app.testing.cuda_emulation.CudaPlacement` with the model marked as living on ``cuda:0``.
 Reported for the second step (the steady state): device-to-host reads (``.item()``, ``float()``, ``.cpu()``,
 ``nonzero``, ...) and blocking host-to-device copies, each of which makes the host wait for the GPU's queue
 to drain; their sum per step and per image; and the ops CUDA would refuse (must be 0). The counts depend on
@@ -24,10 +24,10 @@ import numpy as np
 import torch
 
 from fedrapp_app.engine import PromptedCLIP, load_clip
-from fedrapp_app.engine.cuda_emulation import CudaPlacement
 from fedrapp_app.methods import make_method
 from fedrapp_app.testbed.measure import make_stream, pixel_values
 from fedrapp_app.testbed.world import CLASSNAMES, HAND_TEMPLATE
+from fedrapp_app.testing.cuda_emulation import CudaPlacement
 
 #: (label, method, parameters): every local method, the TPT variants and class-specific contexts.
 VARIANTS = (

@@ -5,7 +5,7 @@
 
 Under ``precision = "fp16"`` the text tower's matmuls run in float16 on a GPU, and so does their backward
 pass. This script runs each local method's real step (``method.adapt``) under an emulation of CUDA's autocast
-op lists (:class:`~fedrapp_app.engine.cuda_emulation.CudaAutocast`; CPU autocast has other lists), once in
+op lists (:class:`~fedrapp_app.testing.cuda_emulation.CudaAutocast`; CPU autocast has other lists), once in
 fp32 and once in fp16 per loss scale S (S = 1: no scaling, what the methods did before; 2^12; 2^16: the
 default of :class:`~fedrapp_app.methods.scaling.LossScaler`), from the same prompt on the same batch. Reported:
 
@@ -40,11 +40,11 @@ import torch
 from torch import Tensor
 
 from fedrapp_app.engine import PromptedCLIP, load_clip
-from fedrapp_app.engine.cuda_emulation import emulated_clip
 from fedrapp_app.methods import make_method
 from fedrapp_app.methods.scaling import LossScaler
 from fedrapp_app.testbed.measure import make_stream, pixel_values
 from fedrapp_app.testbed.world import CLASSNAMES, HAND_TEMPLATE
+from fedrapp_app.testing.cuda_emulation import emulated_clip
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from vitb16 import CALTECH101, vit_b16  # noqa: E402

@@ -12,10 +12,10 @@ import torch
 from conftest import TINY_CLASSNAMES, random_images
 
 from fedrapp_app.engine import PromptedCLIP
-from fedrapp_app.engine.cuda_emulation import EMULATED_DEVICE, CudaPlacement
 from fedrapp_app.methods import make_method
 from fedrapp_app.testbed import world
 from fedrapp_app.testbed.tiny import make_tiny_clip
+from fedrapp_app.testing.cuda_emulation import EMULATED_DEVICE, CudaPlacement
 
 BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
 

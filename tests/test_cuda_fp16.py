@@ -15,11 +15,11 @@ from conftest import TINY_CLASSNAMES, random_images
 from torch.overrides import TorchFunctionMode
 
 from fedrapp_app.engine import PromptedCLIP, load_clip
-from fedrapp_app.engine.cuda_emulation import CudaAutocast, emulated_clip
 from fedrapp_app.methods import make_method
 from fedrapp_app.methods.scaling import MIN_SCALE, LossScaler, scaler_for
 from fedrapp_app.testbed.measure import make_stream, pixel_values
 from fedrapp_app.testbed.world import CLASSNAMES, HAND_TEMPLATE
+from fedrapp_app.testing.cuda_emulation import CudaAutocast, emulated_clip
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
 import fp16_gradients  # noqa: E402

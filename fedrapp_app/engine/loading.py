@@ -7,7 +7,7 @@ Precision: the weights stay float32; ``"bf16"``/``"fp16"`` run the forward passe
 ``torch.autocast``. On CUDA both are allowed (fp16's backward needs loss scaling: the methods do it, see
 ``fedrapp_app.methods.scaling``), and ``"fp32"`` is IEEE float32 (TF32 off, ``devices.disable_tf32``). On
 CPU ``"bf16"`` autocast is allowed (CPU autocast supports it) and ``"fp16"`` is refused, because CPU
-autocast does not support float16 well (``cuda_emulation.emulated_clip`` emulates CUDA's fp16 for tests).
+autocast does not support float16 well (the tests emulate CUDA's fp16: ``fedrapp_app.testing.cuda_emulation``).
 """
 
 from __future__ import annotations
