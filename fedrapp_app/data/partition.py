@@ -36,13 +36,17 @@ def _check_sizes(num_samples: int, spec: DataSpec) -> None:
     if spec.num_clients > num_samples:
         raise ValueError(
             f"num-clients={spec.num_clients} exceeds the {num_samples} samples of the split: "
-            "every client needs at least one sample; lower num-clients"
+            f'every client needs at least one sample (fix: -c "num-clients={num_samples}" or fewer)'
         )
     if spec.partition == "dirichlet" and spec.num_clients * spec.min_partition_size > num_samples:
+        fixes = [f'-c "min-partition-size={num_samples // spec.num_clients}"']
+        if num_samples >= spec.min_partition_size:
+            fixes.append(f'-c "num-clients={num_samples // spec.min_partition_size}"')
+        fixes.append("-c \"partition='iid'\"")
         raise ValueError(
             f"min-partition-size={spec.min_partition_size} x num-clients={spec.num_clients} = "
-            f"{spec.num_clients * spec.min_partition_size} exceeds the {num_samples} samples of the split; "
-            "lower min-partition-size or num-clients"
+            f"{spec.num_clients * spec.min_partition_size} exceeds the {num_samples} samples of the split "
+            f"(fix: {', '.join(fixes[:-1])} or {fixes[-1]}: the largest that fit, or no minimum)"
         )
 
 
