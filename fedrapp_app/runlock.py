@@ -8,14 +8,18 @@ The lock file keeps the holder's PID, host, start time and, under ``fedrapp-sim`
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import json
 import os
 import socket
+import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+
+from fedrapp_app.config import ConfigError
 
 LOCK_FILE = ".lock"
 #: Set by ``fedrapp-sim`` for the processes it starts, so that the lock names the command a user can stop.
@@ -24,6 +28,64 @@ LAUNCHER_PID_ENV = "FEDRAPP_LAUNCHER_PID"
 
 class RunFolderBusy(RuntimeError):
     """Another live process writes this run folder."""
+
+
+class RunFolderUnwritable(ConfigError):
+    """The run folder cannot be created or written: the fix is another ``output-dir``."""
+
+
+def _unwritable_reason(err: OSError, run_dir: Path) -> str:
+    """Why ``err`` (raised creating ``run_dir``, or a file in it) happened, in words a user can act on."""
+    where = Path(err.filename) if err.filename else run_dir
+    existing = next((p for p in (where, *where.parents) if os.path.lexists(p)), None)
+    if existing is not None and not existing.is_dir():
+        return f"{existing} is a file, not a folder"
+    made = "a file in it" if where.name.startswith(_PROBE) else str(where)
+    if err.errno == errno.ENOENT and existing is not None:  # /proc: the folder is there, nothing can be made in it
+        return f"nothing can be created in {existing} (No such file or directory: {made})"
+    if err.errno in (errno.EPERM, errno.EACCES, errno.EROFS):
+        return f"{err.strerror} creating {made} ({where.parent} is read-only, immutable or not yours)"
+    return f"{err.strerror or err} creating {made}"
+
+
+_PROBE = ".write-probe-"
+
+
+def check_writable(run_dir: Path, output_dir: str = "") -> None:
+    """Raise ``RunFolderUnwritable`` unless ``run_dir`` can be created (with its parents) and a file written in it.
+
+    Leaves nothing behind: the folders it had to create and its probe file are removed again. The message names
+    the folder, the reason and the ``-c "output-dir=..."`` fix.
+    """
+    run_dir = Path(run_dir)
+    created: list[Path] = []
+    try:
+        missing = []
+        for folder in (run_dir, *run_dir.parents):
+            if os.path.lexists(folder):
+                break
+            missing.append(folder)
+        for folder in reversed(missing):
+            folder.mkdir()
+            created.append(folder)
+        if not run_dir.is_dir():
+            raise NotADirectoryError(errno.ENOTDIR, os.strerror(errno.ENOTDIR), str(run_dir))
+        handle, probe = tempfile.mkstemp(dir=run_dir, prefix=_PROBE)
+        try:
+            os.write(handle, b"probe")
+        finally:
+            os.close(handle)
+            os.unlink(probe)
+    except OSError as err:
+        given = f"output-dir = {output_dir!r}: " if output_dir else ""
+        raise RunFolderUnwritable(
+            f"{given}cannot create and write the run folder {run_dir}: {_unwritable_reason(err, run_dir)}. "
+            f"Choose a folder you can write (fix: -c \"output-dir='/path/to/writable/folder'\")"
+        ) from None
+    finally:
+        for folder in reversed(created):
+            with contextlib.suppress(OSError):
+                folder.rmdir()
 
 
 def _describe(run_dir: Path, holder: dict[str, Any]) -> str:

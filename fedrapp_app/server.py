@@ -22,7 +22,7 @@ from fedrapp_app.checkpoint import CLIENT_STATE_DIR, SERVER_FILE, ServerCheckpoi
 from fedrapp_app.config import RESUMABLE_KEYS, ConfigError, RunConfig
 from fedrapp_app.errors import describe
 from fedrapp_app.results import RunRecorder, unscored_samples
-from fedrapp_app.runlock import run_lock
+from fedrapp_app.runlock import check_writable, run_lock
 from fedrapp_app.strategy import ClientRow, PersonalizedPromptStrategy, RoundReport, count_nodes
 
 log = logging.getLogger("flwr.fedrapp")
@@ -162,6 +162,7 @@ def run_server(
     config = RunConfig.from_run_config(run_config)  # fails here, before anything heavy, on a bad config
     start = time.time()
     run_dir = run_dir_of(config, start)
+    check_writable(run_dir, str(config["output-dir"]))  # a ConfigError naming the folder and the fix
     with run_lock(run_dir):
         checkpoint = ServerCheckpoint.load(run_dir) if config["resume"] else None
         if checkpoint is not None:
@@ -305,10 +306,38 @@ def _last_reasons(rows: list[dict[str, Any]]) -> str:
     return "; ".join(reasons) or "see the warnings above"
 
 
+def one_line(err: ConfigError) -> str:
+    """A ``ConfigError``'s message on one line: ``invalid run config: <problem>; <problem>``."""
+    head, *problems = [line.strip() for line in str(err).splitlines() if line.strip()]
+    return head + (" " + "; ".join(problems) if problems else "")
+
+
+class _NoTracebackForConfigErrors(logging.Filter):
+    """Flower logs an exception that ends a ServerApp with its traceback ("Simulation raised an exception", then
+    every frame). A ``ConfigError`` is the user's input, not a bug, and :func:`main` has already logged it as one
+    line naming the key and the fix: its record keeps Flower's line but loses the traceback."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.exc_info and isinstance(record.exc_info[1], ConfigError):
+            record.exc_info = None
+            record.exc_text = None
+        return True
+
+
+_QUIET = _NoTracebackForConfigErrors()
+
 app = ServerApp()
 
 
 @app.main()
 def main(grid: Grid, context: Context) -> None:
-    """Flower entry point (``server_app:app``)."""
-    run_server(grid, dict(context.run_config))
+    """Flower entry point (``server_app:app``). A bad run config (or a run folder that cannot be written) is logged
+    as one ERROR line and fails the run, before anything heavy starts."""
+    flower_log = logging.getLogger("flwr")
+    if _QUIET not in flower_log.filters:
+        flower_log.addFilter(_QUIET)
+    try:
+        run_server(grid, dict(context.run_config))
+    except ConfigError as err:
+        log.error("%s", one_line(err))
+        raise
