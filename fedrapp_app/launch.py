@@ -7,10 +7,11 @@ directory (where another app's client_app.py can shadow ours), and flwr run exit
 failed. This launcher:
 
 1. validates the run config (the app's defaults + your -c overrides) and checks the model, the data and
-   the run folder, before anything starts (seconds, one message);
+   the run folder, before anything starts (seconds, one message; --check stops there);
 2. contains Flower's files (FLWR_HOME, RAY_TMPDIR, UV_CACHE_DIR), turns off telemetry, the update check and
    runtime dependency installation;
-3. starts its own simulation SuperLink on a free port, from a neutral directory;
+3. starts its own simulation SuperLink on a free port, from a neutral directory, and adds a connection to it,
+   ``[superlink.fedrapp-sim-<port>]``, to ``$FLWR_HOME/config.toml`` (taken out again when it exits);
 4. runs flwr run <app> <connection> --stream with one SuperNode per client;
 5. reads the run's final status and summary, prints them, and exits non-zero when the run failed or left
    samples unscored;
@@ -38,23 +39,30 @@ import time
 import tomllib
 import urllib.request
 import uuid
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
 from fedrapp_app.config import KEY_BY_NAME, ConfigError, RunConfig, override_hint
 from fedrapp_app.errors import strip_ansi
 from fedrapp_app.processes import LAUNCH_ID_ENV, describe_process, marked_pids, stop_marked
-from fedrapp_app.runlock import LAUNCHER_PID_ENV, RunFolderBusy, check_free
+from fedrapp_app.runlock import LAUNCHER_PID_ENV, RunFolderBusy, check_free, check_writable
 
+#: Prefix of the connection each launch adds to ``$FLWR_HOME/config.toml`` (``fedrapp-sim-<port>``: two launches
+#: sharing a Flower home never use each other's SuperLink), removed again when the launch ends.
 CONNECTION = "fedrapp-sim"
 #: SuperNodes of the default experiment when num-clients = 0 (one client per SuperNode).
 DEFAULT_SUPERNODES = 8
-#: Lines of Flower's and Ray's output that do not apply to a fedrapp-sim run, with how many lines after each
-#: belong to it: fedrapp-sim sets the federation size itself, and gives every client its resources.
-_NOISE = (
-    (re.compile(r"default simulated SuperNodes changed from"), 0),
-    (re.compile(r"To change federation size, use the following command"), 1),
-    (re.compile(r"FutureWarning: Tip: In future versions of Ray, Ray will no longer override accelerator"), 1),
+#: Lines of Flower's and Ray's output that do not apply to a fedrapp-sim run or tell the user nothing they can act
+#: on, each with the pattern of the lines right after it that belong to it (None: none do). fedrapp-sim sets the
+#: federation size itself and gives every client its resources; Ray's tip about accelerator variables (its
+#: variable would stop Ray hiding the GPUs from clients given none, which the device rules rely on) comes with
+#: the ``warnings.warn(`` source line; abseil's mutex trace lines from Ray's C++ core are debug output.
+_NOISE: tuple[tuple[re.Pattern[str], re.Pattern[str] | None], ...] = (
+    (re.compile(r"default simulated SuperNodes changed from"), None),
+    (re.compile(r"To change federation size, use the following command"), re.compile(r"flwr federation ")),
+    (re.compile(r"FutureWarning: Tip: "), re.compile(r"^\s*warnings\.warn\(")),
+    (re.compile(r"\[mutex\.cc : \d+\] RAW: Lock blocking"), None),
 )
 
 
@@ -172,6 +180,66 @@ def contained_env(flwr_home: Path) -> dict[str, str]:
     return env
 
 
+def flwr_home(option: str | None, app_dir: Path, environ: dict[str, str] | None = None) -> Path:
+    """Flower's home for a launch: ``--flwr-home``, else an existing ``FLWR_HOME``, else ``<app>/.flwr-home``."""
+    environ = os.environ if environ is None else environ
+    return Path(option or environ.get("FLWR_HOME") or app_dir / ".flwr-home").expanduser().resolve()
+
+
+def _table_header(name: str) -> re.Pattern[str]:
+    return re.compile(rf"^\s*\[\s*superlink\s*\.\s*(?:{re.escape(name)}|\"{re.escape(name)}\")\s*\]\s*(?:#.*)?$")
+
+
+_CONNECTION_KEY = re.compile(r"^\s*(?:address|insecure)\s*=.*$")
+
+
+def without_connection(text: str, name: str) -> str:
+    """``text`` (a ``config.toml``) without the table ``[superlink.<name>]`` that :func:`add_connection` wrote: its
+    header and its ``address``/``insecure`` lines, and the blank line put before it; every other line stays."""
+    header = _table_header(name)
+    lines = text.splitlines(keepends=True)
+    kept: list[str] = []
+    i = 0
+    while i < len(lines):
+        if not header.match(lines[i].rstrip("\r\n")):
+            kept.append(lines[i])
+            i += 1
+            continue
+        i += 1
+        while i < len(lines) and _CONNECTION_KEY.match(lines[i].rstrip("\r\n")):
+            i += 1
+        if kept and not kept[-1].strip() and (i == len(lines) or not lines[i].strip()):
+            kept.pop()  # the blank line before the table, where nothing but a blank line or the end follows it
+    return "".join(kept)
+
+
+def add_connection(env: dict[str, str], name: str, address: str) -> Path:
+    """Append an insecure connection ``[superlink.<name>]`` -> ``address`` to ``$FLWR_HOME/config.toml`` as text (the
+    user's own entries and comments stay as they are; a file that does not exist is created with Flower's
+    defaults first). Returns the file, for :func:`remove_connection`."""
+    path = Path(env["FLWR_HOME"]) / "config.toml"
+    if not path.is_file():
+        code = "from flwr.cli.flower_config import init_flwr_config\ninit_flwr_config()\n"
+        subprocess.run([sys.executable, "-c", code], env=env, check=True, capture_output=True)
+    text = without_connection(path.read_text(), name)  # a table of that name left by a launch that was killed
+    if text and not text.endswith("\n"):
+        text += "\n"
+    path.write_text(text + f'\n[superlink.{name}]\naddress = "{address}"\ninsecure = true\n')
+    return path
+
+
+def remove_connection(path: Path, name: str) -> None:
+    """Take the connection :func:`add_connection` wrote out of ``path`` again, and nothing else (Flower may have
+    rewritten the file meanwhile: the table is found by its header, wherever it is)."""
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        return
+    remaining = without_connection(text, name)
+    if remaining != text:
+        path.write_text(remaining)
+
+
 def write_connection(env: dict[str, str], name: str, address: str) -> None:
     """Add an insecure connection ``name`` -> ``address`` to ``$FLWR_HOME/config.toml``."""
     code = (
@@ -227,18 +295,25 @@ def run_status(env: dict[str, str], cwd: Path, connection: str = CONNECTION, run
     return max(enumerate(runs), key=lambda item: (str(item[1].get("pending-at", "")), -item[0]))[1]
 
 
-def _stream(process: subprocess.Popen, colour: bool) -> None:
-    """Copy the run's output to ours, line by line, without Flower's notes that do not apply here."""
-    assert process.stdout is not None
-    skip = 0
-    for line in process.stdout:
-        if skip:
-            skip -= 1
+def quiet(lines: Iterable[str]) -> Iterator[str]:
+    """``lines`` without the ones of :data:`_NOISE` (each with the lines right after it that belong to it)."""
+    follows: re.Pattern[str] | None = None
+    for line in lines:
+        plain = strip_ansi(line)
+        if follows is not None and follows.search(plain):
             continue
-        noise = next((after for pattern, after in _NOISE if pattern.search(line)), None)
+        follows = None
+        noise = next(((after,) for pattern, after in _NOISE if pattern.search(plain)), None)
         if noise is not None:
-            skip = noise
+            follows = noise[0]
             continue
+        yield line
+
+
+def _stream(process: subprocess.Popen, colour: bool) -> None:
+    """Copy the run's output to ours, line by line, without the notes of :data:`_NOISE`."""
+    assert process.stdout is not None
+    for line in quiet(process.stdout):
         sys.stdout.write(line if colour else strip_ansi(line))
         sys.stdout.flush()
 
@@ -309,7 +384,19 @@ def _parser() -> argparse.ArgumentParser:
         help="run the simulation on an existing Ray cluster (its head's address, as 'ray start --head' prints it; "
         "every Ray node needs this package installed at the same paths). Default: a local Ray, stopped with the run",
     )
-    parser.add_argument("--flwr-home", default=None, help="Flower's home (default: <app>/.flwr-home)")
+    parser.add_argument(
+        "--check",
+        action="store_true",
+        help="check the config (the app's defaults + -c), the run folder, the model and the data, then exit without "
+        "starting anything (0: all fine; 2: the message says what to fix); also names the key behind plain flwr run's "
+        "'[code: 15] Invalid run configuration.'",
+    )
+    parser.add_argument(
+        "--flwr-home",
+        default=None,
+        help="Flower's home (config.toml, the SuperLink's log, installed apps). Default: $FLWR_HOME when that is set, "
+        "else <app>/.flwr-home",
+    )
     return parser
 
 
@@ -379,6 +466,7 @@ def prepare(args: argparse.Namespace, app_dir: Path) -> tuple[dict, RunConfig, P
             f"resume = true but {run_dir / SERVER_FILE} does not exist: give the run-name (and output-dir) of "
             "the run to continue, or drop resume to start a new run"
         )
+    check_writable(run_dir, str(config["output-dir"]))
     check_free(run_dir)
     if config["resume"] and finished_already(run_dir, config) is not None:
         return values, resolved, run_dir
@@ -403,6 +491,12 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("\nfedrapp-sim: interrupted before the start; nothing ran", file=sys.stderr)
         return 130
+    if args.check:
+        print(
+            f"fedrapp-sim: the config, the run folder, the model and the data are fine for {config.num_clients} "
+            f"clients; results would go to {run_dir} (--check: nothing started)"
+        )
+        return 0
     if config["resume"]:
         done = finished_already(run_dir, config)
         if done is not None:
@@ -417,7 +511,10 @@ def main(argv: list[str] | None = None) -> int:
 def launch(args: argparse.Namespace, app_dir: Path, values: dict, config: RunConfig, run_dir: Path) -> int:
     """Start the SuperLink, run the app, report; stop every process of the run whatever happens."""
     launch_id = uuid.uuid4().hex
-    env = contained_env(Path(args.flwr_home or app_dir / ".flwr-home").resolve())
+    home = flwr_home(args.flwr_home, app_dir)
+    env = contained_env(home)
+    env["FLWR_HOME"] = str(home)  # contained_env keeps an existing FLWR_HOME; --flwr-home wins over it
+    env["UV_CACHE_DIR"] = os.environ.get("UV_CACHE_DIR") or str(home / "uv-cache")
     env.update({LAUNCH_ID_ENV: launch_id, LAUNCHER_PID_ENV: str(os.getpid())})
     if args.ray_address:  # Flower's Ray backend calls ray.init(), which joins the cluster named here
         env["RAY_ADDRESS"] = args.ray_address
@@ -425,6 +522,8 @@ def launch(args: argparse.Namespace, app_dir: Path, values: dict, config: RunCon
         env.pop("RAY_ADDRESS", None)
     Path(env["FLWR_HOME"]).mkdir(parents=True, exist_ok=True)
     port = free_port()
+    connection = f"{CONNECTION}-{port}"
+    added: Path | None = None
     neutral = Path(tempfile.mkdtemp(prefix="fedrapp-superlink-"))
     log_path = Path(env["FLWR_HOME"]) / "superlink.log"
     forced = {"output-dir": str(run_dir.parent), "run-name": run_dir.name}
@@ -441,14 +540,14 @@ def launch(args: argparse.Namespace, app_dir: Path, values: dict, config: RunCon
             start_new_session=True,
         )
         wait_healthy(port, superlink)
-        write_connection(env, CONNECTION, f"127.0.0.1:{port}")
+        added = add_connection(env, connection, f"127.0.0.1:{port}")
         federation = (
             f"num-supernodes={config.num_clients} client-resources-num-cpus={args.cpus_per_client} "
             f"client-resources-num-gpus={args.gpu_share}"
         )
         # flwr run refuses a .toml file beside k=v pairs: pass the merged config as k=v pairs.
         merged = {**values, **forced}
-        command = ["flwr", "run", str(app_dir), CONNECTION, "--stream", "--federation-config", federation]
+        command = ["flwr", "run", str(app_dir), connection, "--stream", "--federation-config", federation]
         command += ["-c", " ".join(f"{k}={toml_value(v)}" for k, v in merged.items())]
         cluster = f" on the Ray cluster at {args.ray_address}" if args.ray_address else ""
         print(
@@ -468,7 +567,7 @@ def launch(args: argparse.Namespace, app_dir: Path, values: dict, config: RunCon
         )
         _stream(runner, colour=sys.stdout.isatty())
         runner.wait()
-        status = run_status(env, neutral)
+        status = run_status(env, neutral, connection)
     except (Interrupted, KeyboardInterrupt) as err:
         why = str(err) or "SIGINT"
         print(f"\nfedrapp-sim: {why}: stopping the run and every process it started ...", file=sys.stderr, flush=True)
@@ -486,6 +585,11 @@ def launch(args: argparse.Namespace, app_dir: Path, values: dict, config: RunCon
         print(f"fedrapp-sim: {err}", file=sys.stderr)
         return 1
     finally:
+        if added is not None:  # the SuperLink is gone after this launch: so is its connection
+            try:
+                remove_connection(added, connection)
+            except OSError as err:
+                print(f"fedrapp-sim: could not remove [superlink.{connection}] from {added}: {err}", file=sys.stderr)
         _stop_everything(launch_id, neutral)
         for s, handler in previous.items():
             signal.signal(s, handler)
