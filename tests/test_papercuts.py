@@ -1,0 +1,365 @@
+"""A new user's papercuts with fedrapp-sim and plain flwr run: a run folder that cannot be written, explained fixes,
+the shipped testbed model given by its path, Flower's home, the launcher's connection in config.toml, Ray's noise,
+and a ServerApp that refuses a bad config in one line. No federation runs here: the launcher runs against a fake
+SuperLink and flwr run, the ServerApp against a grid it must not touch."""
+
+from __future__ import annotations
+
+import logging
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from flwr.app import Context, RecordDict
+
+from fedrapp_app import launch as launcher
+from fedrapp_app.config import ConfigError, RunConfig
+from fedrapp_app.data.partition import partition_indices
+from fedrapp_app.data.spec import DataSpec
+from fedrapp_app.runlock import RunFolderUnwritable, check_writable
+from fedrapp_app.server import main as server_main
+from fedrapp_app.server import run_server
+
+ROOT = Path(__file__).resolve().parent.parent
+SHIPPED_MODEL = ROOT / "fedrapp_app" / "testbed" / "model"
+
+
+def fedrapp_sim(*args: str, timeout: float = 60) -> tuple[subprocess.CompletedProcess, float]:
+    """``fedrapp-sim`` as a user runs it (this interpreter's), and the seconds it took."""
+    started = time.monotonic()
+    done = subprocess.run(
+        [sys.executable, "-m", "fedrapp_app.launch", *args], capture_output=True, text=True, timeout=timeout
+    )
+    return done, time.monotonic() - started
+
+
+class Untouchable:
+    """A grid the ServerApp must not use: a bad config fails before the first message."""
+
+    def __getattr__(self, name: str):
+        raise AssertionError(f"the ServerApp used the grid ({name}) before it refused the config")
+
+
+# ----------------------------------------------------------------------------------- 1. a run folder it cannot write
+def immutable_folder(path: Path) -> Path | None:
+    """``path``, made immutable (``chattr +i``: even root cannot create files in it), or None where that fails."""
+    path.mkdir()
+    done = subprocess.run(["chattr", "+i", str(path)], capture_output=True)
+    return path if done.returncode == 0 else None
+
+
+@pytest.fixture
+def unwritable(tmp_path) -> list[tuple[str, str]]:
+    """(output-dir, what the message says) for each way a folder cannot be written here: a regular file where the
+    folder should be, a path under /proc, and an immutable folder where chattr works."""
+    (tmp_path / "a-file").write_text("not a folder")
+    cases = [(str(tmp_path / "a-file"), "is a file, not a folder"), ("/proc/fedrapp-out", "nothing can be created")]
+    frozen = immutable_folder(tmp_path / "frozen")
+    if frozen is not None:
+        cases.append((str(frozen), "Operation not permitted"))
+    yield cases
+    if frozen is not None:
+        subprocess.run(["chattr", "-i", str(frozen)], check=True)
+
+
+def test_a_run_folder_that_cannot_be_written_is_named_with_the_reason_and_the_fix(unwritable, tmp_path):
+    for output_dir, reason in unwritable:
+        with pytest.raises(RunFolderUnwritable) as err:
+            check_writable(Path(output_dir) / "run", output_dir)
+        message = str(err.value)
+        assert f"output-dir = {output_dir!r}" in message and f"{output_dir}/run" in message and reason in message
+        assert "-c \"output-dir='" in message and "\n" not in message
+    check_writable(tmp_path / "new" / "deeper" / "run", str(tmp_path / "new"))  # a folder that can be made
+    assert not (tmp_path / "new").exists()  # ... is checked without leaving anything behind
+
+
+def test_fedrapp_sim_refuses_an_unwritable_output_dir_in_a_second(unwritable):
+    for output_dir, reason in unwritable:
+        done, seconds = fedrapp_sim(str(ROOT), "--check", "-c", f"output-dir='{output_dir}'")
+        assert done.returncode == 2 and reason in done.stderr and "-c \"output-dir='" in done.stderr, done.stderr
+        assert len(done.stderr.strip().splitlines()) == 1 and "Traceback" not in done.stderr
+        assert seconds < 10, seconds  # about a second; the check once started a whole federation (32 s)
+
+
+def test_the_launchers_checks_refuse_an_unwritable_output_dir_before_the_model_and_data(unwritable, monkeypatch):
+    from fedrapp_app import preflight
+
+    monkeypatch.setattr(preflight, "preflight", lambda config: pytest.fail("the model and data came first"))
+    for output_dir, _ in unwritable:
+        args = launcher._parser().parse_args([str(ROOT), "-c", f"output-dir='{output_dir}'"])
+        with pytest.raises(ConfigError, match="cannot create and write the run folder"):
+            launcher.prepare(args, ROOT)
+
+
+def test_the_server_app_refuses_an_unwritable_output_dir_before_it_uses_the_grid(unwritable):
+    for output_dir, reason in unwritable:
+        with pytest.raises(RunFolderUnwritable, match=reason):
+            run_server(Untouchable(), {"output-dir": output_dir, "run-name": "run"})
+
+
+# ----------------------------------------------------------------------------------- 8. a bad config, one ERROR line
+class Collect(logging.Handler):
+    """Every record that reaches Flower's logger, formatted as Flower's handlers would (traceback included)."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.DEBUG)
+        self.setFormatter(logging.Formatter("%(levelname)s : %(message)s"))
+        self.lines: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines.append(self.format(record))
+
+
+@pytest.fixture
+def flower_log() -> Collect:
+    handler = Collect()
+    logger = logging.getLogger("flwr")
+    logger.addHandler(handler)
+    yield handler
+    logger.removeHandler(handler)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "expected"),
+    [
+        ({"dirichlet-alpha": -1.0}, 'dirichlet-alpha = -1.0: must be > 0.0 (fix: -c "dirichlet-alpha=<value>"'),
+        ({"output-dir": "/proc/fedrapp-out"}, "nothing can be created in /proc"),
+    ],
+)
+def test_the_server_app_logs_a_bad_config_as_one_error_line_and_fails_the_run(flower_log, overrides, expected):
+    from flwr.common.logger import log
+
+    context = Context(run_id=1, node_id=0, node_config={}, state=RecordDict(), run_config=overrides)
+    with pytest.raises(ConfigError) as err:
+        server_main(Untouchable(), context)  # Flower's ServerApp calls this; the raise ends the run failed
+    log(logging.ERROR, "%s raised an exception", "Simulation", exc_info=err.value)  # as Flower logs it next
+    ours = [line for line in flower_log.lines if expected in line]
+    assert len(ours) == 1 and ours[0].startswith("ERROR : ") and "\n" not in ours[0], flower_log.lines
+    assert flower_log.lines[-1] == "ERROR : Simulation raised an exception"  # Flower's line, without a traceback
+    assert not any("Traceback" in line for line in flower_log.lines)
+
+
+def test_other_exceptions_keep_their_traceback_in_flowers_log(flower_log, tmp_path):
+    from flwr.common.logger import log
+
+    config = {"output-dir": str(tmp_path), "run-name": "run", "num-clients": 2}
+    context = Context(run_id=1, node_id=0, node_config={}, state=RecordDict(), run_config=config)
+    try:
+        server_main(Untouchable(), context)
+    except AssertionError as err:  # a bug, not the user's input: the traceback stays
+        log(logging.ERROR, "%s raised an exception", "Simulation", exc_info=err)
+    assert "Traceback" in flower_log.lines[-1] and "used the grid" in flower_log.lines[-1]
+
+
+# ----------------------------------------------------------------------------------- 2. the testbed pool's fix
+def test_the_testbed_pool_fix_says_why_and_each_fix_it_names_works():
+    with pytest.raises(ConfigError) as err:
+        RunConfig.from_run_config({"num-clients": 600})
+    message = str(err.value)
+    assert "600 clients x min-partition-size = 10 samples = 6000" in message
+    assert (
+        '-c "testbed-samples=24000", 4x the 6000 that just fit: a Dirichlet draw leaves many clients short' in message
+    )
+    assert '-c "num-clients=512"' in message and '-c "min-partition-size=8"' in message
+    for fixed in ({"testbed-samples": 24000}, {"num-clients": 512}, {"min-partition-size": 8}):
+        RunConfig.from_run_config({"num-clients": 600, **fixed})
+    with pytest.raises(ConfigError, match=r'-c "testbed-samples=384000", one batch of batch-size = 64 per client'):
+        RunConfig.from_run_config({"num-clients": 6000, "partition": "iid"})
+
+
+def test_the_suggested_testbed_pool_partitions_for_600_clients_at_the_default_alpha_and_seed():
+    from fedrapp_app.data.streams import cached_source
+
+    spec = RunConfig.from_run_config({"num-clients": 600, "testbed-samples": 24000}).data_spec()
+    labels = cached_source(spec).labels()
+    parts = partition_indices(labels, spec)
+    assert len(parts) == 600 and min(len(p) for p in parts) >= 10 and sum(len(p) for p in parts) == 24000
+
+
+# ----------------------------------------------------------------------------------- 3. the testbed model by its path
+def test_the_shipped_testbed_model_given_by_its_path_cannot_score_a_real_dataset(tmp_path):
+    link = tmp_path / "my-model"
+    link.symlink_to(SHIPPED_MODEL)
+    for model in (str(SHIPPED_MODEL), f"{SHIPPED_MODEL}/", str(link), str(SHIPPED_MODEL / ".." / "model")):
+        with pytest.raises(ConfigError, match="the testbed CLIP only knows the testbed world's words"):
+            RunConfig.from_run_config({"model": model, "dataset": "dtd", "data-dir": str(tmp_path)})
+    RunConfig.from_run_config({"model": str(SHIPPED_MODEL)})  # with the testbed's own data it is the testbed
+
+
+# ----------------------------------------------------------------------------------- 4. min-partition-size's fix
+def test_the_min_partition_size_error_gives_fixes_in_the_c_form_and_they_work():
+    labels = np.arange(12) % 3
+    spec = DataSpec(num_clients=5, partition="dirichlet", min_partition_size=3)
+    with pytest.raises(ValueError) as err:
+        partition_indices(labels, spec)
+    message = str(err.value)
+    assert '-c "min-partition-size=2"' in message and '-c "num-clients=4"' in message
+    assert "-c \"partition='iid'\"" in message
+    for fixed in ({"min_partition_size": 2}, {"num_clients": 4}, {"partition": "iid"}):
+        assert len(partition_indices(labels, DataSpec(**{**spec.__dict__, **fixed}))) == fixed.get("num_clients", 5)
+    with pytest.raises(ValueError, match='-c "num-clients=12"'):
+        partition_indices(labels, DataSpec(num_clients=13, partition="iid"))
+
+
+# ----------------------------------------------------------------------------------- 5. Flower's home
+def test_flowers_home_is_the_option_else_flwr_home_else_the_apps_folder(tmp_path):
+    app = tmp_path / "app"
+    assert launcher.flwr_home(None, app, {}) == app / ".flwr-home"
+    assert launcher.flwr_home(None, app, {"FLWR_HOME": str(tmp_path / "env")}) == tmp_path / "env"
+    assert launcher.flwr_home(str(tmp_path / "opt"), app, {"FLWR_HOME": str(tmp_path / "env")}) == tmp_path / "opt"
+    text = launcher._parser().format_help()
+    assert "$FLWR_HOME when that is set" in " ".join(text.split())
+
+
+# ----------------------------------------------------------------------------------- 6. the launcher's connection
+USER_CONFIG = """# my Flower config: keep this comment
+[superlink]
+default = "local"
+
+[superlink.local]
+address = ":local:"
+
+# the GPU box
+[superlink.gpu]
+address = "10.0.0.1:9093"
+root-certificates = "/certs/ca.crt"
+"""
+
+
+def test_the_launchers_connection_is_taken_out_and_nothing_else(tmp_path):
+    env = {**os.environ, "FLWR_HOME": str(tmp_path)}
+    path = tmp_path / "config.toml"
+    for before in (USER_CONFIG, USER_CONFIG.rstrip("\n"), USER_CONFIG + "\n\n"):
+        path.write_text(before)
+        launcher.add_connection(env, "fedrapp-sim-4242", "127.0.0.1:4242")
+        added = path.read_text()
+        assert added.startswith(before) and added.endswith(
+            '[superlink.fedrapp-sim-4242]\naddress = "127.0.0.1:4242"\ninsecure = true\n'
+        )
+        launcher.remove_connection(path, "fedrapp-sim-4242")
+        assert path.read_text().rstrip("\n") == before.rstrip("\n") and path.read_text().startswith(before)
+    # Flower rewrote the file meanwhile (tomli_w, as its own writes do): the table goes, its neighbours stay
+    rewritten = (
+        '[superlink]\ndefault = "local"\n\n[superlink.fedrapp-sim-4242]\naddress = "127.0.0.1:4242"\n'
+        'insecure = true\n\n[superlink.gpu]\naddress = "10.0.0.1:9093"\n'
+    )
+    path.write_text(rewritten)
+    launcher.remove_connection(path, "fedrapp-sim-4242")
+    assert path.read_text() == '[superlink]\ndefault = "local"\n\n[superlink.gpu]\naddress = "10.0.0.1:9093"\n'
+
+
+class FakeProcess:
+    """A process the launcher started: the SuperLink (it waits) or flwr run (it prints ``lines``)."""
+
+    pid = 999_999_999
+
+    def __init__(self, lines: list[str]) -> None:
+        self.stdout = iter(lines)
+        self.returncode = 0
+
+    def poll(self):
+        return self.returncode
+
+    def wait(self, timeout=None):
+        return self.returncode
+
+
+NOISY_LINES = [
+    "INFO :      Starting Flower Simulation\n",
+    "WARNING :   Since flwr 1.32, default simulated SuperNodes changed from 10 to 2.\n",
+    "INFO :      To change federation size, use the following command:\n",
+    "INFO :      \tflwr federation simulation-config @none/default <superlink> --num-supernodes <N>\n",
+    "/work/venv/lib/python3.11/site-packages/ray/_private/worker.py:2051: FutureWarning: Tip: In future versions of "
+    "Ray, Ray will no longer override accelerator visible devices env var if num_gpus=0 or num_gpus=None (default). "
+    "To enable this behavior and turn off this error message, set RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO=0\n",
+    "  warnings.warn(\n",
+    "[mutex.cc : 452] RAW: Lock blocking 0x600002cd0cd8   @\n",
+    "\x1b[36m(raylet)\x1b[0m [mutex.cc : 452] RAW: Lock blocking 0x55d0c4a0d8d8   @\n",
+    "\x1b[36m(ClientAppActor pid=14187)\x1b[0m \x1b[92mINFO \x1b[0m:      client 1 runs on cpu\n",
+    "INFO :      round 1 | 2/2 clients ok | acc 57.8%\n",
+]
+
+
+def interrupted_output():
+    """flwr run's output, cut by a Ctrl-C (the launcher's SIGINT handler raises where the launcher is)."""
+    yield NOISY_LINES[0]
+    launcher._on_signal(2, None)
+
+
+def fake_launch(monkeypatch, tmp_path: Path, end: str, home: Path) -> tuple[int, list[str]]:
+    """``launch()`` with a fake SuperLink and flwr run that ends as ``end`` says ('done', 'failed', 'ctrl-c'); the
+    exit status and config.toml as it was while the run ran."""
+    during: list[str] = []
+    real_popen = subprocess.Popen
+
+    def popen(command, *args, **kwargs):
+        if command[0] == "flower-superlink":
+            return FakeProcess([])
+        if command[:2] == ["flwr", "run"]:
+            during.append((Path(kwargs["env"]["FLWR_HOME"]) / "config.toml").read_text())
+            process = FakeProcess(NOISY_LINES)
+            if end == "ctrl-c":
+                process.stdout = interrupted_output()
+            return process
+        return real_popen(command, *args, **kwargs)
+
+    def status(env, cwd, connection=launcher.CONNECTION, run_id=None):
+        if end == "failed":
+            raise RuntimeError("could not read the run status")
+        return {"status": "finished:completed"}
+
+    monkeypatch.setattr(launcher.subprocess, "Popen", popen)
+    monkeypatch.setattr(launcher, "wait_healthy", lambda port, process: None)
+    monkeypatch.setattr(launcher, "run_status", status)
+    monkeypatch.setattr(launcher, "_stop_everything", lambda launch_id, neutral: None)
+    monkeypatch.setattr(launcher, "report", lambda status, run_dir, log_path: 0)
+    args = launcher._parser().parse_args([str(ROOT), "--flwr-home", str(home)])
+    args.gpu_share = 0.0
+    config = RunConfig.from_run_config({"num-clients": 2})
+    code = launcher.launch(args, ROOT, {}, config, tmp_path / "out" / "run")
+    return code, during
+
+
+@pytest.mark.parametrize(("end", "code"), [("done", 0), ("failed", 1), ("ctrl-c", 130)])
+def test_fedrapp_sim_takes_its_connection_out_of_config_toml_when_it_exits(monkeypatch, tmp_path, end, code):
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / "config.toml").write_text(USER_CONFIG)
+    exit_code, during = fake_launch(monkeypatch, tmp_path, end, home)
+    assert exit_code == code and during[0].startswith(USER_CONFIG) and "\n[superlink.fedrapp-sim-" in during[0]
+    assert (home / "config.toml").read_text() == USER_CONFIG  # the user's file, byte for byte
+
+
+def test_fedrapp_sim_leaves_flowers_default_config_without_its_connection(monkeypatch, tmp_path, capsys):
+    home = tmp_path / "new-home"
+    code, during = fake_launch(monkeypatch, tmp_path, "done", home)
+    assert code == 0 and "[superlink.fedrapp-sim-" in during[0] and 'address = "127.0.0.1:' in during[0]
+    left = (home / "config.toml").read_text()
+    assert "fedrapp-sim" not in left and "[superlink.local]" in left  # Flower's defaults stay
+
+
+def test_fedrapp_sim_uses_flwr_home_from_the_environment_and_option(monkeypatch, tmp_path):
+    monkeypatch.setenv("FLWR_HOME", str(tmp_path / "env-home"))
+    fake_launch(monkeypatch, tmp_path, "done", tmp_path / "opt-home")  # --flwr-home wins over FLWR_HOME
+    assert (tmp_path / "opt-home" / "config.toml").is_file() and not (tmp_path / "env-home").exists()
+
+
+# ----------------------------------------------------------------------------------- 7. Ray's noise
+def test_rays_tip_and_mutex_lines_and_flowers_federation_notes_are_not_printed(monkeypatch, tmp_path, capsys):
+    kept = list(launcher.quiet(NOISY_LINES))
+    assert [launcher.strip_ansi(line) for line in kept] == [
+        "INFO :      Starting Flower Simulation\n",
+        "(ClientAppActor pid=14187) INFO :      client 1 runs on cpu\n",
+        "INFO :      round 1 | 2/2 clients ok | acc 57.8%\n",
+    ]
+    after_tip = [NOISY_LINES[4], "INFO :      results go to x\n"]  # a line after the tip that is not its source
+    assert list(launcher.quiet(after_tip)) == after_tip[1:]
+    home = tmp_path / "home"
+    fake_launch(monkeypatch, tmp_path, "done", home)  # what fedrapp-sim prints of flwr run's output
+    printed = capsys.readouterr().out
+    assert "round 1 | 2/2" in printed and "mutex.cc" not in printed and "FutureWarning" not in printed
+    assert "warnings.warn(" not in printed and "flwr federation" not in printed
