@@ -1,4 +1,5 @@
-"""The README's GPU table in one command: images/s per local method, the image tower's TFLOP/s, peak memory.
+"""The GPU table of docs/results/performance.md (section 5) in one command: images/s per local method, the
+image tower's TFLOP/s, peak memory.
 
     python benchmarks/gpu_step.py                          # NVIDIA GPU: ViT-B/16, 100 classes, batch 64, bf16
     python benchmarks/gpu_step.py --json gpu.json          # also write the numbers

@@ -124,7 +124,7 @@ def test_preloaded_modules_shipped_by_the_bundle_are_found_but_namespace_folders
     (tmp_path / "pkg").mkdir()
     (tmp_path / "pkg" / "__init__.py").write_text("")
     (tmp_path / "mod.py").write_text("")
-    (tmp_path / "fedrapp_app" / "testbed").mkdir(parents=True)  # what Flower's FAB holds: a README, no code
+    (tmp_path / "fedrapp_app" / "testbed").mkdir(parents=True)  # a folder of documents, no code
     (tmp_path / "fedrapp_app" / "testbed" / "README.md").write_text("")
     preloaded = ("pkg.sub", "mod", "fedrapp_app.deploy.preload", "torch")
     assert shadowed_preloads(tmp_path, preloaded) == ["mod", "pkg"]

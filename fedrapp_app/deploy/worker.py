@@ -72,7 +72,7 @@ def shadowed_preloads(app_dir: Path, preloaded: tuple[str, ...]) -> list[str]:
 
     Python keeps the preloaded module, so the bundle's own copy would silently never run. A folder without
     ``__init__.py`` does not count: it is at most a namespace portion, which a regular package wins over
-    (Flower puts the bundle's other files, e.g. ``fedrapp_app/testbed/README.md``, in such folders).
+    (a bundle may hold such folders, e.g. a package's documentation without its code).
     """
     tops = sorted({name.split(".")[0] for name in preloaded})
     return [name for name in tops if (app_dir / name / "__init__.py").is_file() or (app_dir / f"{name}.py").is_file()]
