@@ -14,7 +14,7 @@ import pytest
 
 from fedrapp_app.client import app as client_app
 from fedrapp_app.report import load_run, write_report
-from fedrapp_app.report.tables import client_stats, compare, peer_matrix, same_domain_share, totals
+from fedrapp_app.report.tables import client_stats, compare, peer_matrix, same_domain_share, totals, wall_time
 from fedrapp_app.testbed import world
 from fedrapp_app.testbed.tiny import make_tiny_clip
 
@@ -188,7 +188,13 @@ def test_fedrapp_signals_and_wall_time_are_reported(runs, reports):
     round_seconds = {r["round"]: r["round_seconds"] for r in rows}
     assert f"| rounds | {sum(round_seconds.values()):.1f} |" in page
     client = sum(r["client_metrics"]["t-total"] for r in rows if r["status"] == "ok")
-    assert f"| client compute, all client rounds summed (client-seconds) | {client:.1f} |" in page
+    assert (
+        f"| client compute, all client rounds summed (client-seconds, not a part of the total) | {client:.1f} |" in page
+    )
+    # The server's start comes from the run folder's lock: setup, rounds and rest do not overlap and add up.
+    w = wall_time(load_run(runs["fedrapp"]))
+    assert w.before_files is not None and not w.from_files and w.other is not None and w.other >= 0
+    assert w.setup + w.rounds + w.other == pytest.approx(w.total)
 
 
 # ------------------------------------------------------------------------------------------- comparison

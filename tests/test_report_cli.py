@@ -4,6 +4,7 @@ valid runs (unknown statuses, skipped samples, a real dataset without shift doma
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -124,14 +125,14 @@ def test_an_odd_but_valid_run_renders(tmp_path):
     assert run.domains == [None, None, None] and not run.complete
     w = wall_time(run)
     assert (w.total, w.setup, w.rounds, w.server, w.client_sum, w.client_slowest) == (10, 4, 3, 0.75, 2, 2)
-    assert w.other == 3
+    assert w.other is None and w.remainder == 3  # no .lock: when the server started (before the files) is unknown
     page = write_report([run_dir]).read_text()
     assert "| teleported |" in page and "- round 1, client 2: teleported (a status of a newer version)" in page
     assert "- client 2: 8 samples; never scored" in page
     assert "| skipped | teleported | skipped samples |" in page
     assert "| 0 | – | 50.00 | 37.50 | 16 | 2 | 2 | 0 | 0 | 0 | 0 | 0 | 0 | 2 |" in page
     assert "| 1 | – | – | – | 0 | 0 | 0 | 0 | 0 | 0 | 0 | 1 | 0 | 8 |" in page
-    assert "| rest (results, shutdown) | 3.0 |" in page
+    assert "| rest (between the rounds: sampling, checkpoints; after the last: results) | at least 3.0 (" in page
     assert "incomplete: not every sample was scored" in page
 
 
@@ -167,3 +168,63 @@ def test_many_clients_keep_the_figures_small(tmp_path):
     assert {f.name for f in figures} == {"overview.png", "accuracy.png", "status.png", "peers.png", "fedrapp.png"}
     for figure in figures:
         assert figure.stat().st_size <= 300 * 1024, figure
+
+
+def _timed_run(folder: Path, lock_started: float | None, files_opened: float, **summary_extra) -> Path:
+    """The wall-time fields of the run that showed `rest (results, shutdown) | -3.6`: summary seconds 49.2 (from
+    opening the files), setup 29.2 (from the server's start), 16 rounds of 23.6 s in all."""
+    seconds = [2.0, 1.8, 1.8, 1.7, 1.6, 1.6, 1.5, 1.5, 1.5, 1.4, 1.4, 1.3, 1.3, 1.2, 1.0, 1.0]
+    assert abs(sum(seconds) - 23.6) < 1e-9
+    rows = [_row(t, 0, round_seconds=s, aggregate_seconds=0.01) for t, s in enumerate(seconds, 1)]
+    summary = {"seconds": 49.2, "setup_seconds": 29.2, "status": "finished", **summary_extra}
+    make_run(folder, rows, {"num-clients": 1}, summary)
+    stored = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**stored, "started": files_opened}))
+    if lock_started is not None:  # fedrapp_app.runlock writes it when the server takes the folder
+        (folder / ".lock").write_text(json.dumps({"pid": 1, "host": "h", "started": lock_started}))
+    return folder
+
+
+def test_wall_time_parts_add_up_to_the_total_without_a_negative_rest(tmp_path):
+    """summary seconds count from opening the run's files, setup from the server's start 3.7 s earlier (the lock,
+    counting the SuperNodes, provenance): the total is start to summary, and the rest is what is left (0.1 s)."""
+    run = load_run(_timed_run(tmp_path / "r", lock_started=1000.0, files_opened=1003.7))
+    w = wall_time(run)
+    assert w.before_files == pytest.approx(3.7) and not w.from_files
+    assert w.total == pytest.approx(49.2 + 3.7)
+    parts = (w.setup, w.rounds, w.other)
+    assert all(p is not None and p >= 0 for p in parts)
+    assert sum(parts) == pytest.approx(w.total) and w.other == pytest.approx(0.1)
+    page = write_report([run.path]).read_text()
+    section = page[page.index("## Wall time") : page.index("## Config")]
+    assert "| total (start to the summary) | 52.9 |" in section
+    assert "| setup (start to the first round), of which 3.7 s before the run's files were opened | 29.2 |" in section
+    assert "| rest (between the rounds: sampling, checkpoints; after the last: results) | 0.1 |" in section
+    assert "add up to the total" in section and "| -" not in section
+
+
+def test_wall_time_without_the_start_says_the_parts_overlap(tmp_path):
+    """No .lock (a copied folder): the server's start is unknown, so the remainder −3.6 is not shown as a part."""
+    run = load_run(_timed_run(tmp_path / "r", lock_started=None, files_opened=1003.7))
+    w = wall_time(run)
+    assert w.from_files and w.total == pytest.approx(49.2) and w.other is None
+    assert w.overlap == pytest.approx(3.6)
+    section = write_report([run.path]).read_text().split("## Wall time")[1]
+    assert "| n/a: setup began at least 3.6 s before the total's clock |" in section
+    assert "-3.6" not in section and "overlap" in section
+    # A lock that a later session rewrote (after config.json was written) is not this session's start either.
+    shutil.copytree(run.path, tmp_path / "later")
+    (tmp_path / "later" / ".lock").write_text(json.dumps({"started": 1100.0}))
+    assert wall_time(load_run(tmp_path / "later")).overlap == pytest.approx(3.6)
+
+
+def test_wall_time_of_a_resumed_run_leaves_out_the_earlier_session(tmp_path):
+    """After a resume the total covers the new session only: the rounds of the earlier one are shown apart."""
+    run = load_run(_timed_run(tmp_path / "r", lock_started=1000.0, files_opened=900.0, resumed_after_round=10))
+    w = wall_time(run)
+    assert w.rounds == pytest.approx(1.3 + 1.3 + 1.2 + 1.0 + 1.0 + 1.4)
+    assert w.rounds_before_resume == pytest.approx(23.6 - w.rounds)
+    assert w.from_files and w.other is None and w.overlap is None  # 29.2 + 7.2 < 49.2: no overlap, rest unknown
+    page = write_report([run.path]).read_text()
+    assert "| rounds before the resume (an earlier session, not in the total) | 16.4 |" in page
+    assert "| rest (between the rounds: sampling, checkpoints; after the last: results) | at least 12.8 " in page

@@ -206,23 +206,52 @@ def _signals_section(run: Run) -> str:
 
 
 def _time_section(w: WallTime) -> str:
-    total = _secs(w.total) + (" (start to the last row written so far)" if w.total_is_partial else "")
+    if w.total_is_partial:
+        total_label, total = "total (start to the last row written so far)", _secs(w.total)
+    elif w.from_files:
+        total_label = "total, from opening the run's files to the summary (setup began earlier)"
+        total = _secs(w.total)
+    else:
+        total_label, total = "total (start to the summary)", _secs(w.total)
+    setup = "setup (start to the first round)"
+    if w.before_files is not None and w.before_files >= 0.05:
+        setup += f", of which {_secs(w.before_files)} s before the run's files were opened"
+    rest_label = "rest (between the rounds: sampling, checkpoints; after the last: results)"
+    if w.other is not None:
+        rest = _secs(w.other)
+    elif w.overlap is not None:
+        rest = f"n/a: setup began at least {_secs(w.overlap)} s before the total's clock"
+    elif w.from_files and w.remainder is not None:
+        rest = f"at least {_secs(w.remainder)} (setup began before the total's clock)"
+    else:
+        rest = "n/a"
     rows = [
-        ["total", total],
-        ["setup (start to the first round)", _secs(w.setup)],
+        [total_label, total],
+        [setup, _secs(w.setup)],
         ["rounds", _secs(w.rounds)],
         ["… server rule (aggregation)", _secs(w.server)],
         ["… client compute, slowest client of each round summed", _secs(w.client_slowest)],
-        ["client compute, all client rounds summed (client-seconds)", _secs(w.client_sum)],
-        ["rest (results, shutdown)", _secs(w.other)],
+        [rest_label, rest],
     ]
+    if w.rounds_before_resume is not None:
+        rows.append(["rounds before the resume (an earlier session, not in the total)", _secs(w.rounds_before_resume)])
+    rows.append(
+        ["client compute, all client rounds summed (client-seconds, not a part of the total)", _secs(w.client_sum)]
+    )
+    how = "Setup, rounds and rest are consecutive and add up to the total. " if w.other is not None else ""
+    if w.from_files and not w.total_is_partial:
+        how += (
+            "`summary.json`'s `seconds` counts from when the run opened its files, its `setup_seconds` from the "
+            "server's start, earlier (the run lock, counting the SuperNodes when num-clients = 0, provenance); "
+            "when the server started is read from the run folder's `.lock`, which this folder lacks or which "
+            "a later session rewrote, so the setup and the total overlap and the rest is not known exactly. "
+        )
     return (
         "## Wall time\n\n"
-        "Seconds. Clients of a round run in parallel under `flwr run` and one after another in-process, so the "
-        "round's client time lies between the slowest client and the sum; what a round spends beyond its clients "
-        "and the server rule is Flower's messaging and waiting. n/a: this run's files do not record it.\n\n"
-        + _table(["part", "seconds"], rows)
-        + "\n"
+        "Seconds. " + how + "Clients of a round run in parallel under `flwr run` and one after another "
+        "in-process, so the round's client time lies between the slowest client and the sum; what a round spends "
+        "beyond its clients and the server rule is Flower's messaging and waiting. n/a: this run's files do not "
+        "record it.\n\n" + _table(["part", "seconds"], rows) + "\n"
     )
 
 

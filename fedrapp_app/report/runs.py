@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from fedrapp_app.config import DATA_KEYS, DEFAULTS
+from fedrapp_app.runlock import LOCK_FILE
 
 CONFIG_FILE = "config.json"
 ROUNDS_FILE = "rounds.jsonl"
@@ -50,6 +51,8 @@ class Run:
     summary : ``summary.json`` or None while the run has not ended (interrupted, or still running).
     domains : each client's shift domain (testbed with ``testbed-domains``), None where it has none.
     notes : what was read around (a cut-off last line, domains that could not be derived).
+    locked : when the run's last session took the folder's lock (``.lock``'s ``started``, epoch seconds): the
+        server's start, a few milliseconds after it; None without a readable ``.lock``.
     """
 
     path: Path
@@ -59,6 +62,7 @@ class Run:
     summary: dict[str, Any] | None
     domains: list[str | None]
     notes: list[str] = field(default_factory=list)
+    locked: float | None = None
 
     @property
     def name(self) -> str:
@@ -124,6 +128,16 @@ def _read_json(path: Path, what: str) -> dict[str, Any]:
     if not isinstance(payload, dict):
         raise RunError(f"{path}: expected a JSON object, found {type(payload).__name__}; restore it or rerun")
     return payload
+
+
+def _lock_started(path: Path) -> float | None:
+    """``started`` of the run folder's lock file (``fedrapp_app.runlock``), None when it is absent or unreadable
+    (a copied folder may lack it: it is only used to split the wall time)."""
+    try:
+        started = json.loads((path / LOCK_FILE).read_text() or "{}").get("started")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return float(started) if isinstance(started, int | float) and not isinstance(started, bool) else None
 
 
 def _check_row(row: Any, where: str) -> None:
@@ -234,7 +248,7 @@ def load_run(folder: str | Path) -> Run:
         known = {k: summary[k] for k in ("versions", "python", "platform", "git") if k in summary}
         provenance = {**known, **provenance}
     rows, notes = read_rounds(rounds_path, allow_cut_tail=summary is None)
-    run = Run(path, dict(config), provenance, rows, summary, domains=[], notes=notes)
+    run = Run(path, dict(config), provenance, rows, summary, domains=[], notes=notes, locked=_lock_started(path))
     run.domains, note = client_domains_of(config, run.num_clients)
     if note:
         run.notes.append(note)

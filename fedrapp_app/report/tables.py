@@ -275,57 +275,121 @@ def fedrapp_signals(run: Run) -> dict[int, Signals]:
 
 
 # --------------------------------------------------------------------------------------------- time
+#: Seconds two clocks of a run may disagree by (time.time against time.monotonic, a lock taken a few ms after the
+#: start): a remainder this small and negative is 0.
+CLOCK_SLACK = 0.05
+
+
 @dataclass(frozen=True)
 class WallTime:
-    """The run's wall time split (seconds; None where the run files do not say)."""
+    """The run's wall time split into parts that do not overlap: setup + rounds + rest = total (seconds; None
+    where the run files do not say).
 
-    total: float | None  # summary ``seconds`` (start to summary); for an unfinished run, start to last row
+    ``summary.json``'s ``seconds`` counts from when the run opened its files (``config.json``'s ``started``),
+    its ``setup_seconds`` from the server's start, earlier: the run lock, counting the SuperNodes
+    (``num-clients = 0``) and the provenance come in between (``before_files``). The total here is the
+    server's start to the summary, ``seconds + before_files``, with the start read from the run folder's
+    ``.lock``; where that is unknown (no ``.lock``, a resumed run) the total is ``seconds`` and the setup
+    overlaps it, so the rest is unknown (``other`` None, ``overlap`` how much at least).
+    """
+
+    total: float | None  # the server's start to the summary; for an unfinished run, to the last row written
     total_is_partial: bool
-    setup: float | None  # start to the first round (summary ``setup_seconds``)
-    rounds: float | None  # Σ round_seconds
+    setup: float | None  # the server's start to its first round (summary ``setup_seconds``)
+    rounds: float | None  # Σ round_seconds of this session's rounds (after a resume: the rounds since)
     server: float | None  # Σ aggregate_seconds (the server rule)
     client_sum: float | None  # Σ t-total over all client rounds (client-seconds)
     client_slowest: float | None  # Σ over rounds of the slowest client's t-total (the floor in parallel)
+    before_files: float | None = None  # the server's start to opening the run's files (part of setup)
+    from_files: bool = False  # total counts from opening the files only (the start is unknown): setup overlaps it
+    rounds_before_resume: float | None = None  # Σ round_seconds of the rounds of earlier sessions (not in total)
 
     @property
-    def other(self) -> float | None:
-        """Total minus setup and rounds (results, shutdown); None when a part is unknown."""
+    def remainder(self) -> float | None:
+        """Total minus setup and rounds, as the files give it (may be negative where ``from_files``)."""
         if self.total is None or self.setup is None or self.rounds is None or self.total_is_partial:
             return None
         return self.total - self.setup - self.rounds
 
+    @property
+    def other(self) -> float | None:
+        """The rest, total − setup − rounds: between the rounds (sampling, checkpoints) and after the last
+        (results, shutdown); never negative. None when a part is unknown or the parts overlap."""
+        rest = self.remainder
+        if rest is None or self.from_files:
+            return None
+        return None if rest < -CLOCK_SLACK else max(0.0, rest)
 
-def _per_round_sum(rows: Sequence[Mapping[str, Any]], key: str) -> float | None:
-    """Σ over rounds of a per-round value repeated on each row of the round (None if no row has it)."""
+    @property
+    def overlap(self) -> float | None:
+        """Where ``from_files``: seconds by which setup + rounds exceed the total at least (None when they do not)."""
+        rest = self.remainder
+        return -rest if self.from_files and rest is not None and rest < -CLOCK_SLACK else None
+
+
+def _per_round(rows: Sequence[Mapping[str, Any]], key: str) -> dict[int, float]:
+    """round -> a per-round value repeated on each row of the round (rounds whose rows lack it left out)."""
     per_round: dict[int, float] = {}
     for row in rows:
         value = row.get(key)
         if isinstance(value, int | float) and not isinstance(value, bool):
             per_round[int(row["round"])] = max(per_round.get(int(row["round"]), 0.0), float(value))
+    return per_round
+
+
+def _per_round_sum(rows: Sequence[Mapping[str, Any]], key: str) -> float | None:
+    """Σ over rounds of a per-round value repeated on each row of the round (None if no row has it)."""
+    per_round = _per_round(rows, key)
     return sum(per_round.values()) if per_round else None
+
+
+def _number(value: Any) -> float | None:
+    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
 
 
 def wall_time(run: Run, last_write: float | None = None) -> WallTime:
     """Split of the wall time; ``last_write``: epoch seconds of the last row (for an unfinished run)."""
     summary = run.summary or {}
-    total, partial = summary.get("seconds"), False
-    started = run.provenance.get("started")
-    if total is None and last_write is not None and isinstance(started, int | float):
-        total, partial = max(0.0, last_write - float(started)), True
+    files_opened = _number(run.provenance.get("started"))
+    setup = _number(summary.get("setup_seconds"))
+    resumed_after = summary.get("resumed_after_round")
+    resumed_after = int(resumed_after) if isinstance(resumed_after, int) and resumed_after > 0 else None
+    # The server's start: the lock it took a few ms after starting, when that lock is this session's and
+    # config.json was written in it (a resumed run keeps the first session's config.json).
+    before_files = None
+    if run.locked is not None and files_opened is not None and resumed_after is None:
+        gap = files_opened - run.locked
+        if gap >= -CLOCK_SLACK and (setup is None or gap <= setup + CLOCK_SLACK):
+            before_files = max(0.0, gap)
+    total, partial, from_files = _number(summary.get("seconds")), False, False
+    if total is not None:
+        if before_files is not None:
+            total += before_files
+        else:
+            from_files = True
+    elif last_write is not None:
+        start = run.locked if run.locked is not None and resumed_after is None else files_opened
+        if start is not None:
+            total, partial = max(0.0, last_write - start), True
+    rounds = _per_round(run.rows, "round_seconds")
+    earlier = {t: v for t, v in rounds.items() if resumed_after is not None and t <= resumed_after}
+    session = [row for row in run.rows if int(row["round"]) not in earlier]  # the rounds the total covers
     client: dict[int, list[float]] = {}
-    for row in run.rows:
+    for row in session:
         t = (row.get("client_metrics") or {}).get("t-total")
         if isinstance(t, int | float):
             client.setdefault(int(row["round"]), []).append(float(t))
-    setup = summary.get("setup_seconds")
     return WallTime(
-        total=None if total is None else float(total),
+        total=total,
         total_is_partial=partial,
-        setup=None if setup is None else float(setup),
-        rounds=_per_round_sum(run.rows, "round_seconds"),
-        server=_per_round_sum(run.rows, "aggregate_seconds"),
+        setup=setup,
+        rounds=sum(v for t, v in rounds.items() if t not in earlier) if rounds else None,
+        server=_per_round_sum(session, "aggregate_seconds"),
         client_sum=sum(sum(v) for v in client.values()) if client else None,
         client_slowest=sum(max(v) for v in client.values()) if client else None,
+        before_files=before_files,
+        from_files=from_files,
+        rounds_before_resume=sum(earlier.values()) if earlier else None,
     )
 
 
