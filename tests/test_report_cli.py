@@ -170,6 +170,46 @@ def test_many_clients_keep_the_figures_small(tmp_path):
         assert figure.stat().st_size <= 300 * 1024, figure
 
 
+# ---------------------------------------------------------------------------------- what a new user saw
+# The cases below come from a fresh clone's `fedrapp-sim` runs (default config: 8 clients on label-skewed testbed
+# streams that end at different rounds, 16 rounds) and `fedrapp-report RUN RUN RUN` on them.
+NAMES = {s: f"testbed-testbed-adaprompt-{s}-seed0-20261202-2150{k}4" for k, s in enumerate(("fedrapp", "fedavg"))}
+LAST_ROUND = {0: 11, 1: 4, 2: 8, 3: 5, 4: 14, 5: 12, 6: 16, 7: 13}  # each client's last batch, as in those runs
+
+
+def _default_like_run(folder: Path, strategy: str, exhausted_row: bool = False, **summary_extra) -> Path:
+    """A finished run as fedrapp-sim writes it by default: 8 clients whose streams end at LAST_ROUND (their last
+    row reports remaining-batches 0 and the server samples them no more), peer weights, FedRAPP's signals."""
+    rng = np.random.default_rng(len(strategy))
+    rows = []
+    for t in range(1, 17):
+        for c in range(8):
+            if t > LAST_ROUND[c] + exhausted_row:
+                continue
+            if t == LAST_ROUND[c] + 1:  # a client told it has no batch left
+                rows.append(_row(t, c, "exhausted", round_seconds=1.0))
+                continue
+            weights = rng.random(8)
+            weights[c] = 0.0
+            weights /= weights.sum()
+            rows.append(
+                _row(
+                    t,
+                    c,
+                    correct=int(rng.integers(0, 9)),
+                    peer_weights={str(j): float(w) for j, w in enumerate(weights) if w},
+                    r=float(rng.normal()),
+                    mu=0.5,
+                    gamma=0.3,
+                    client_metrics={"t-total": 0.2, "remaining-batches": 0 if t == LAST_ROUND[c] else 1},
+                    round_seconds=1.0,
+                    aggregate_seconds=0.01,
+                )
+            )
+    summary = {"seconds": 30.0, "setup_seconds": 10.0, "status": "finished", "stopped": "streams ended"}
+    return make_run(folder, rows, {"num-clients": 8, "strategy": strategy}, {**summary, **summary_extra})
+
+
 def _timed_run(folder: Path, lock_started: float | None, files_opened: float, **summary_extra) -> Path:
     """The wall-time fields of the run that showed `rest (results, shutdown) | -3.6`: summary seconds 49.2 (from
     opening the files), setup 29.2 (from the server's start), 16 rounds of 23.6 s in all."""
@@ -228,3 +268,28 @@ def test_wall_time_of_a_resumed_run_leaves_out_the_earlier_session(tmp_path):
     page = write_report([run.path]).read_text()
     assert "| rounds before the resume (an earlier session, not in the total) | 16.4 |" in page
     assert "| rest (between the rounds: sampling, checkpoints; after the last: results) | at least 12.8 " in page
+
+
+def test_a_client_whose_stream_ended_is_not_called_not_sampled(tmp_path):
+    """Streams end at different rounds (the last row says no batch is left, or the client answers exhausted):
+    from then on its cells say 'stream ended'; only a client skipped by sampling is 'not sampled'."""
+    from fedrapp_app.report.figures import build_status
+    from fedrapp_app.report.tables import status_grid
+
+    for exhausted_row in (False, True):
+        run = load_run(_default_like_run(tmp_path / f"r{exhausted_row}", "none-fed", exhausted_row=exhausted_row))
+        grid = status_grid(run)
+        for c, last in LAST_ROUND.items():
+            assert [grid.of(c, t) for t in range(1, 17)] == ["ok"] * last + ["stream ended"] * (16 - last), c
+        legend = [t.get_text() for t in build_status(run, "t").axes[0].get_legend().get_texts()]
+        assert legend == ["stream ended", "ok"]
+    # fraction < 1: client 1 is not sampled in round 2 but its stream goes on (num-rounds reached, no end seen).
+    rows = [_row(1, 0), _row(1, 1), _row(2, 0), _row(3, 0), _row(3, 1, "exhausted")]
+    run = load_run(
+        make_run(tmp_path / "sampled", rows, summary={"status": "finished", "stopped": "num-rounds reached"})
+    )
+    grid = status_grid(run)
+    assert [grid.of(1, t) for t in (1, 2, 3)] == ["ok", "not sampled", "stream ended"]
+    assert [grid.of(0, t) for t in (1, 2, 3)] == ["ok", "ok", "ok"]
+    legend = [t.get_text() for t in build_status(run, "t").axes[0].get_legend().get_texts()]
+    assert legend == ["not sampled", "stream ended", "ok"]

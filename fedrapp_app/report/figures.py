@@ -36,12 +36,14 @@ from fedrapp_app.bench.plots import fedrapp_figure  # noqa: E402
 from fedrapp_app.bench.stats import round_curve  # noqa: E402
 from fedrapp_app.report.runs import Run  # noqa: E402
 from fedrapp_app.report.tables import (  # noqa: E402
+    NOT_SAMPLED,
+    STREAM_ENDED,
     ClientStats,
     Comparison,
     PeerMatrix,
     cumulative_accuracy,
     domain_order,
-    statuses_of,
+    status_grid,
 )
 
 #: Colours of the row statuses (a status this version does not know is drawn black).
@@ -53,7 +55,8 @@ STATUS_COLORS = {
     "exhausted": "#aec7e8",
     "skipped": "#9467bd",
 }
-_NOT_SAMPLED = "#ffffff"
+#: Colours of the status grid's cells that are not a row status.
+CELL_COLORS = {NOT_SAMPLED: "#ffffff", STREAM_ENDED: STATUS_COLORS["exhausted"]}
 #: Up to this many clients every client gets its own tick label (beyond, one label per domain or a few ids).
 LABELLED_CLIENTS = 16
 #: Font sizes (points), chosen so that the overview stays legible scaled to a README's width (~900 px).
@@ -214,30 +217,25 @@ def draw_matrix(ax: Any, values: np.ndarray, domains: Sequence[str | None], titl
 
 
 def draw_status(ax: Any, run: Run) -> None:
-    """Client × round grid of row statuses (white: the client was not sampled that round)."""
-    statuses = statuses_of(run)
-    palette = [_NOT_SAMPLED, *(STATUS_COLORS.get(s, "black") for s in statuses)]
-    last = max(int(r["round"]) for r in run.rows)
-    order = domain_order(run.domains)
-    position = {c: k for k, c in enumerate(order)}
-    grid = np.zeros((len(order), last), dtype=int)
-    for row in run.rows:
-        grid[position[int(row["client"])], int(row["round"]) - 1] = 1 + statuses.index(str(row["status"]))
+    """Client × round grid of row statuses; ``stream ended`` from a client's ``exhausted`` row (or the round
+    after its last batch) on, white where a client could have been sampled but was not."""
+    grid = status_grid(run)
+    palette = [CELL_COLORS.get(label) or STATUS_COLORS.get(label, "black") for label in grid.labels]
+    last = grid.cells.shape[1]
     ax.imshow(
-        grid,
+        grid.cells,
         cmap=ListedColormap(palette),
         vmin=-0.5,
         vmax=len(palette) - 0.5,
         aspect="auto",
         interpolation="nearest",
-        extent=(0.5, last + 0.5, len(order) - 0.5, -0.5),
+        extent=(0.5, last + 0.5, len(grid.order) - 0.5, -0.5),
     )
-    client_ticks(ax, "y", order, run.domains, long=True)
+    client_ticks(ax, "y", grid.order, run.domains, long=True)
     ax.set_xlabel("round")
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-    seen = sorted({int(v) for v in grid.flat if v}, key=int)
-    handles = [Patch(color=palette[v], label=statuses[v - 1]) for v in seen]
-    handles.append(Patch(facecolor=_NOT_SAMPLED, edgecolor="grey", label="not sampled"))
+    seen = sorted({int(v) for v in grid.cells.flat})
+    handles = [Patch(facecolor=palette[v], edgecolor="grey", label=grid.labels[v]) for v in seen]
     ax.legend(handles=handles, fontsize=SMALL, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
 
 
@@ -301,13 +299,18 @@ def accuracy_figure(run: Run, curves: Mapping[str, Any], title: str, path: Path)
     return _save(fig, path)
 
 
-def status_figure(run: Run, title: str, path: Path) -> Path:
+def build_status(run: Run, title: str) -> Any:
     """What happened to each client in each round."""
     fig, ax = plt.subplots(figsize=(9, 1.4 + 0.28 * min(run.num_clients, 24)))
     draw_status(ax, run)
     ax.set_title(title, fontsize=TITLE)
     fig.tight_layout()
-    return _save(fig, path)
+    return fig
+
+
+def status_figure(run: Run, title: str, path: Path) -> Path:
+    """``build_status`` saved to ``path``."""
+    return _save(build_status(run, title), path)
 
 
 def peers_figure(run: Run, matrix: PeerMatrix, xi_rule: bool, title: str, path: Path) -> Path:

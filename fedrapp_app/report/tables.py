@@ -159,6 +159,84 @@ def cumulative_accuracy(curves: Mapping[str, Any]) -> tuple[np.ndarray, np.ndarr
     return np.asarray(r["round"], dtype=int), np.cumsum(np.asarray(r["correct"], dtype=float)) / np.maximum(n, 1)
 
 
+#: Cells of the status grid that are not a row status: the client had no row in that round.
+NOT_SAMPLED = "not sampled"
+#: A client whose stream has ended: its ``exhausted`` row, and every round after it (it is sampled no more).
+STREAM_ENDED = "stream ended"
+
+
+def _no_batch_left(row: Mapping[str, Any]) -> bool:
+    """The row says the client's stream has no batch left (``remaining-batches`` 0 in its metrics)."""
+    for source in (row, row.get("client_metrics") or {}):
+        for key in ("remaining-batches", "remaining_batches"):
+            value = source.get(key)
+            if isinstance(value, int | float) and not isinstance(value, bool) and value <= 0:
+                return True
+    return False
+
+
+def stream_ends(run: Run) -> dict[int, int]:
+    """client -> the first round in which its stream had ended, for clients whose stream is known to have ended:
+    the round of its ``exhausted`` row; the round after a row that left no batch (``remaining-batches`` 0, the
+    server samples it no more); or, in a run that stopped because every stream ended, the round after its last
+    row."""
+    ends: dict[int, int] = {}
+    last: dict[int, int] = {}
+    for row in sorted(run.rows, key=lambda r: int(r["round"])):
+        c, t = int(row["client"]), int(row["round"])
+        last[c] = max(last.get(c, 0), t)
+        if c in ends:
+            continue
+        if row["status"] == "exhausted":
+            ends[c] = t
+        elif _no_batch_left(row):
+            ends[c] = t + 1
+    if (run.summary or {}).get("stopped") == "streams ended":
+        for c, t in last.items():
+            ends.setdefault(c, t + 1)
+    return ends
+
+
+@dataclass(frozen=True)
+class StatusGrid:
+    """What happened to each client in each round.
+
+    Attributes
+    ----------
+    cells : int [N, T]  index into ``labels`` of client ``order[k]`` (row k) in round t + 1 (column t)
+    labels : the categories: ``NOT_SAMPLED``, ``STREAM_ENDED``, then the row statuses (``exhausted`` is
+        ``STREAM_ENDED``)
+    order : client ids of the rows, grouped by shift domain
+    """
+
+    cells: np.ndarray
+    labels: list[str]
+    order: list[int]
+
+    def of(self, client: int, round_number: int) -> str:
+        """The category of ``client`` in ``round_number``."""
+        return self.labels[int(self.cells[self.order.index(client), round_number - 1])]
+
+
+def status_grid(run: Run) -> StatusGrid:
+    """The client × round grid of statuses: a row's status, ``stream ended`` from a client's ``exhausted`` row
+    (or the round after its last batch) on, ``not sampled`` where a client had no row in a round it could have
+    been sampled in."""
+    labels = [NOT_SAMPLED, STREAM_ENDED, *(s for s in statuses_of(run) if s != "exhausted")]
+    last = max(int(r["round"]) for r in run.rows)
+    order = domain_order(run.domains) if len(run.domains) == run.num_clients else list(range(run.num_clients))
+    position = {c: k for k, c in enumerate(order)}
+    cells = np.zeros((len(order), last), dtype=int)
+    for c, t in stream_ends(run).items():
+        cells[position[c], t - 1 :] = 1
+    for row in run.rows:
+        status = str(row["status"])
+        cells[position[int(row["client"])], int(row["round"]) - 1] = labels.index(
+            STREAM_ENDED if status == "exhausted" else status
+        )
+    return StatusGrid(cells, labels, order)
+
+
 def events(run: Run) -> list[dict[str, Any]]:
     """Rows that are neither scored nor a normal end of stream (failed, rejected, missing, skipped, unknown)."""
     return [r for r in run.rows if r["status"] not in ("ok", "exhausted")]
