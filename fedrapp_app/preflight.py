@@ -4,7 +4,7 @@
 model and this data), so a typo costs seconds and one message instead of a Ray start and a traceback per
 client. Each check raises ``PreflightError`` whose message names the problem and the fix:
 
-- the model: a local folder must exist and hold a CLIP ``config.json``; a Hub id must be in the local
+- the model: a local folder must exist and hold a CLIP ``config.json`` and weights; a Hub id must be in the local
   Hugging Face cache or the Hub must be reachable;
 - the data: the source must exist in the chosen format, ``num-clients`` partitions of it must fit its pool
   (``min-partition-size`` each), and every class must have at least one image that decodes.
@@ -46,6 +46,15 @@ def hub_reachable(timeout: float = HUB_PROBE_SECONDS) -> bool:
         return False
 
 
+#: The files of a Hugging Face checkpoint folder that hold its weights (one of them is enough).
+WEIGHT_FILES = (
+    "model.safetensors",
+    "model.safetensors.index.json",
+    "pytorch_model.bin",
+    "pytorch_model.bin.index.json",
+)
+
+
 def _looks_local(model: str) -> bool:
     """A path rather than a Hub id (``org/name``): the same rule as ``engine.loading.resolve_source``."""
     return Path(model).expanduser().exists() or model.startswith((".", "/", "~")) or model.count("/") > 1
@@ -81,6 +90,15 @@ def check_model(model: str) -> None:
             f"model = {model!r}: {config} describes a {model_type!r} model, not a CLIP checkpoint (model_type "
             f"'clip', e.g. openai/clip-vit-base-patch16) ({fix})"
         )
+    if not any((folder / name).is_file() for name in WEIGHT_FILES):
+        where = (
+            "the shipped testbed model has lost its weights: a copy of the app from Flower Hub does not carry "
+            "them (Flower Hub takes no .safetensors files). Install the project from its git repository or a "
+            "wheel, which hold fedrapp_app/testbed/model/model.safetensors"
+            if folder == _TESTBED_MODEL
+            else f"copy the checkpoint's weights into the folder, or point the run at another one ({fix})"
+        )
+        raise PreflightError(f"model = {model!r}: {folder} holds no weights ({', '.join(WEIGHT_FILES)}); {where}")
 
 
 def _check_hub_model(repo: str, fix: str) -> None:

@@ -363,3 +363,23 @@ def test_rays_tip_and_mutex_lines_and_flowers_federation_notes_are_not_printed(m
     printed = capsys.readouterr().out
     assert "round 1 | 2/2" in printed and "mutex.cc" not in printed and "FutureWarning" not in printed
     assert "warnings.warn(" not in printed and "flwr federation" not in printed
+
+
+def test_a_model_folder_without_weights_is_refused_before_the_start_and_the_testbeds_says_why(tmp_path, monkeypatch):
+    """A copy of the app from Flower Hub has the testbed model's config but not its weights (Hub takes no
+    .safetensors): the check named the folder fine and the run failed later, loading. Now it is refused at once."""
+    import shutil
+
+    import fedrapp_app.preflight as preflight
+    from fedrapp_app.preflight import PreflightError, check_model
+
+    shipped = Path(preflight.__file__).parent / "testbed" / "model"
+    bare = tmp_path / "model"
+    shutil.copytree(shipped, bare, ignore=shutil.ignore_patterns("*.safetensors"))
+    with pytest.raises(PreflightError, match=r"holds no weights \(model.safetensors.*copy the checkpoint's weights"):
+        check_model(str(bare))
+    monkeypatch.setattr(preflight, "_TESTBED_MODEL", bare)
+    with pytest.raises(PreflightError, match="testbed model has lost its weights.*Flower Hub"):
+        check_model("testbed")
+    (bare / "pytorch_model.bin.index.json").write_text("{}")  # a sharded checkpoint's index counts
+    check_model(str(bare))
