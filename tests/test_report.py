@@ -223,7 +223,8 @@ def test_runs_that_differ_beyond_the_strategy_are_flagged(runs, tmp_path):
     assert comparison.differing == ["seed"]
     text = write_report([runs["fedavg"], other], tmp_path / "cmp").read_text()
     assert "differ in more than the server rule" in text and "`seed` (0 / 1)" in text
-    assert "**Incomplete runs**: `seed1`" in text and "different number of samples" in text
+    assert "**Incomplete runs**: `strategy=fedrapp, seed=1`" in text and "different number of samples" in text
+    assert "| `strategy=fedavg, seed=0` (reference) | [fedavg](runs/fedavg/report.md) |" in text
 
 
 def test_a_rule_hyperparameter_is_not_a_difference(runs, tmp_path):

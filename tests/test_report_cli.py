@@ -3,6 +3,7 @@ valid runs (unknown statuses, skipped samples, a real dataset without shift doma
 
 from __future__ import annotations
 
+import io
 import json
 import shutil
 import subprocess
@@ -210,6 +211,104 @@ def _default_like_run(folder: Path, strategy: str, exhausted_row: bool = False, 
     return make_run(folder, rows, {"num-clients": 8, "strategy": strategy}, {**summary, **summary_extra})
 
 
+def _render(fig) -> None:
+    """Lay out and draw ``fig`` as the report saves it (a PNG at 100 dpi), so that extents are the saved ones."""
+    fig.savefig(io.BytesIO(), format="png", dpi=100)
+
+
+def _drawn_ticks(axis) -> list:
+    """The major ticks of ``axis`` inside its view (matplotlib keeps labels of ticks beyond it, undrawn)."""
+    low, high = sorted(axis.get_view_interval())
+    return [t for t in axis.get_major_ticks() if low - 1e-9 <= t.get_loc() <= high + 1e-9 and t.label1.get_visible()]
+
+
+def _boxes(fig) -> list[tuple[str, object, bool]]:
+    """(what, window extent, slanted) of every visible non-empty text that matplotlib lays out: the suptitle, the
+    axes' titles, axis labels and tick labels, and the legends (one box each), as saved; slanted: a tick label
+    drawn at an angle other than 0 or 90 degrees (its box is wider than its glyphs)."""
+    _render(fig)
+    texts = [("suptitle", fig._suptitle)] if fig._suptitle is not None else []
+    for k, ax in enumerate(fig.axes):
+        texts += [(f"axes {k} title", ax.title), (f"axes {k} xlabel", ax.xaxis.label)]
+        texts += [(f"axes {k} ylabel", ax.yaxis.label)]
+        for name, axis in (("xtick", ax.xaxis), ("ytick", ax.yaxis)):
+            texts += [(f"axes {k} {name} {t.label1.get_text()!r}", t.label1) for t in _drawn_ticks(axis)]
+    out = [
+        (what, text.get_window_extent(), "tick" in what and bool(text.get_rotation() % 90))
+        for what, text in texts
+        if text.get_visible() and text.get_text().strip()
+    ]
+    legends = [("figure legend", legend) for legend in fig.legends]
+    legends += [(f"axes {k} legend", ax.get_legend()) for k, ax in enumerate(fig.axes) if ax.get_legend()]
+    return out + [(what, legend.get_window_extent(), False) for what, legend in legends]
+
+
+def _slanted_overlaps(fig) -> list[str]:
+    """Slanted tick labels overlap when the distance across the slant between neighbours' anchors,
+    spacing · sin(angle), is less than a line of text."""
+    problems = []
+    for k, ax in enumerate(fig.axes):
+        ticks = [t for t in _drawn_ticks(ax.xaxis) if t.label1.get_text() and t.label1.get_rotation() % 90]
+        ticks.sort(key=lambda t: t.get_loc())
+        for a, b in zip(ticks, ticks[1:], strict=False):
+            (xa, _), (xb, _) = ax.transData.transform([(a.get_loc(), 0), (b.get_loc(), 0)])
+            across = abs(xb - xa) * abs(np.sin(np.radians(a.label1.get_rotation())))
+            if across < a.label1.get_fontsize() * fig.dpi / 72:
+                problems.append(f"axes {k} xtick {a.label1.get_text()!r} overlaps {b.label1.get_text()!r}")
+    return problems
+
+
+def _layout_problems(fig) -> list[str]:
+    """Texts that stick out of the figure or overlap one another (1 px of slack)."""
+    boxes = _boxes(fig)
+    problems = _slanted_overlaps(fig)
+    whole = fig.bbox
+    for what, box, _ in boxes:
+        if box.x0 < whole.x0 - 1 or box.x1 > whole.x1 + 1 or box.y0 < whole.y0 - 1 or box.y1 > whole.y1 + 1:
+            problems.append(f"{what} sticks out of the figure")
+    for i, (a, box_a, slanted_a) in enumerate(boxes):
+        for b, box_b, slanted_b in boxes[i + 1 :]:
+            if slanted_a and slanted_b:
+                continue  # checked by _slanted_overlaps
+            if "legend" in a and "legend" not in b and b.startswith(a.split(" legend")[0] + " "):
+                continue  # an axes legend sits inside its own axes' ticks' span, by design
+            if box_a.shrunk(0.98, 0.9).overlaps(box_b.shrunk(0.98, 0.9)):
+                problems.append(f"{a} overlaps {b}")
+    return problems
+
+
+def test_runs_are_labelled_by_the_config_keys_they_differ_in(tmp_path):
+    """Labels say what differs (not the long folder names, which the key gives once)."""
+    from fedrapp_app.report.tables import label_keys, run_labels
+
+    fedrapp, fedavg = (load_run(_default_like_run(tmp_path / NAMES[s], s)) for s in ("fedrapp", "fedavg"))
+    assert label_keys([fedrapp, fedavg]) == ["strategy"]
+    assert run_labels([fedrapp, fedavg]) == ["strategy=fedrapp", "strategy=fedavg"]
+
+    def other(name: str, **config) -> object:
+        return load_run(make_run(tmp_path / name, [_row(1, 0)], {"num-clients": 8, **config}))
+
+    # Several keys: strategy first, then in the order of the defaults; the output folder never counts.
+    seeded = other("seeded", strategy="fedavg", seed=1, csc=True, **{"output-dir": "/elsewhere"})
+    assert run_labels([fedrapp, seeded]) == ["strategy=fedrapp, seed=0, csc=false", "strategy=fedavg, seed=1, csc=true"]
+    # Speed-only keys tell runs apart only when nothing else does.
+    fast = other("fast", strategy="fedrapp", **{"decode-workers": 1})
+    assert run_labels([fedrapp, fast]) == ["decode-workers=4", "decode-workers=1"]
+    three = [
+        "strategy=fedavg, seed=0, csc=false",
+        "strategy=fedrapp, seed=0, csc=false",
+        "strategy=fedavg, seed=1, csc=true",
+    ]
+    assert run_labels([fedavg, fast, seeded]) == three
+    # The same config twice (only the folder differs): the words of the folder names that differ.
+    again = load_run(_default_like_run(tmp_path / NAMES["fedrapp"].replace("215004", "230000"), "fedrapp"))
+    assert label_keys([fedrapp, again]) == []
+    assert run_labels([fedrapp, again]) == ["215004", "230000"]
+    twin = other("twin", strategy="fedrapp")
+    copy = load_run(shutil.copytree(twin.path, tmp_path / "x" / "twin"))
+    assert run_labels([twin, copy]) == ["run 1", "run 2"]
+
+
 def _timed_run(folder: Path, lock_started: float | None, files_opened: float, **summary_extra) -> Path:
     """The wall-time fields of the run that showed `rest (results, shutdown) | -3.6`: summary seconds 49.2 (from
     opening the files), setup 29.2 (from the server's start), 16 rounds of 23.6 s in all."""
@@ -293,3 +392,38 @@ def test_a_client_whose_stream_ended_is_not_called_not_sampled(tmp_path):
     assert [grid.of(0, t) for t in (1, 2, 3)] == ["ok", "ok", "ok"]
     legend = [t.get_text() for t in build_status(run, "t").axes[0].get_legend().get_texts()]
     assert legend == ["not sampled", "stream ended", "ok"]
+
+
+def test_the_comparison_labels_runs_by_what_differs_and_keys_the_folders_once(tmp_path):
+    folders = [_default_like_run(tmp_path / NAMES[s], s) for s in ("fedrapp", "fedavg")]
+    page = write_report(folders, tmp_path / "cmp").read_text()
+    assert page.startswith("# Comparison: `strategy=fedrapp` vs `strategy=fedavg`")
+    per_client = page[page.index("## Per client") :]
+    assert "| client | domain | strategy=fedrapp (%) | strategy=fedavg (%) | Δ strategy=fedavg |" in per_client
+    for name in NAMES.values():  # the key: each folder named once, as the link to its report
+        assert page.count(name) == 2 + page.split("Regenerate: `")[1].split("`")[0].count(name)
+        assert f"[{name}](runs/{name}/report.md)" in page
+        assert name not in per_client
+
+
+def test_the_comparison_figure_has_nothing_clipped_or_overlapping(tmp_path):
+    """Three runs with default names (those that clipped the title and crowded the panels): every title, label
+    and tick label lies inside the figure and overlaps no other; both lower panels have a y label."""
+    from fedrapp_app.report.figures import build_compare
+    from fedrapp_app.report.tables import compare, round_curves, run_labels
+
+    names = [*NAMES.values(), "testbed-testbed-adaprompt-none-fed-seed0-20261202-215201"]
+    runs = [load_run(_default_like_run(tmp_path / n, n.split("-")[3].replace("none", "none-fed"))) for n in names]
+    labels = run_labels(runs)
+    assert labels == ["strategy=fedrapp", "strategy=fedavg", "strategy=none-fed"]
+    fig = build_compare(compare(runs), [round_curves(r) for r in runs], runs[0].domains, labels, names)
+    assert _layout_problems(fig) == []
+    lower = fig.axes[2:4]
+    assert all(ax.get_ylabel() for ax in lower)
+    ticks = [t.get_text() for t in lower[1].get_xticklabels()]
+    assert ticks[:2] == ["0 gaussian_noise:1", "4 gaussian_noise:1"]
+    key = [t.get_text() for t in fig.legends[0].get_texts()]
+    assert key[0] == f"strategy=fedrapp (reference):  {names[0]}" and all(
+        n in k for n, k in zip(names, key, strict=True)
+    )
+    assert names[0] not in fig._suptitle.get_text()

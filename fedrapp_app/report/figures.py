@@ -18,6 +18,7 @@ one-glance overview and the detailed figures share their drawing. Clients are co
 
 from __future__ import annotations
 
+import textwrap
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -28,6 +29,8 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402 - the backend must be chosen first
 import numpy as np  # noqa: E402
 from matplotlib.colors import ListedColormap  # noqa: E402
+from matplotlib.figure import Figure  # noqa: E402
+from matplotlib.lines import Line2D  # noqa: E402
 from matplotlib.patches import Patch  # noqa: E402
 from matplotlib.ticker import MaxNLocator  # noqa: E402
 
@@ -326,46 +329,106 @@ def peers_figure(run: Run, matrix: PeerMatrix, xi_rule: bool, title: str, path: 
     return _save(fig, path)
 
 
-def compare_figure(
-    comparison: Comparison, curves: Sequence[Mapping[str, Any]], domains: Sequence[str | None], title: str, path: Path
-) -> Path:
+def _figure(width: float, height: float) -> Figure:
+    """A figure laid out by constrained layout: titles, labels, colour bars and legends outside the axes get
+    room of their own instead of being clipped or drawn over each other."""
+    return plt.figure(figsize=(width, height), layout="constrained")
+
+
+def _wrap(text: str, width: int) -> str:
+    """``text`` broken into lines of at most ``width`` characters (a title that would not fit the figure)."""
+    return "\n".join(textwrap.fill(line, width, break_on_hyphens=False) for line in text.splitlines())
+
+
+def _short(name: str, width: int = 64) -> str:
+    """A folder name cut in its middle to ``width`` characters (the report page has it whole)."""
+    return name if len(name) <= width else name[: width // 2 - 1] + "…" + name[-(width - width // 2) :]
+
+
+def build_compare(
+    comparison: Comparison,
+    curves: Sequence[Mapping[str, Any]],
+    domains: Sequence[str | None],
+    labels: Sequence[str],
+    names: Sequence[str],
+) -> Figure:
     """Top: every run's online and received-prompt accuracy per round (pooled over clients). Bottom left: each
     run's online accuracy so far minus the first run's, per round (the running gap that ends at the micro
-    difference); bottom right: per-client online accuracy minus the first run's (points)."""
+    difference); bottom right: per-client online accuracy minus the first run's (points), clients grouped by
+    domain. Runs are drawn under their ``labels`` (what differs between them); the key under the panels gives
+    each label's folder (``names``)."""
     runs = comparison.runs
-    fig, axes = plt.subplots(2, 2, figsize=(12, 7.2))
-    for k, (run, c) in enumerate(zip(runs, curves, strict=True)):
-        label = f"{run.name} ({run.strategy})" + ("" if run.complete else " [incomplete]")
+    fig = _figure(12, 7.8 + 0.22 * len(runs))
+    axes = fig.subplots(2, 2)
+    colors = [f"C{k % 10}" for k in range(len(runs))]
+    for k, c in enumerate(curves):
         for ax, numerator in zip(axes[0], ("correct", "correct_before"), strict=True):
             rounds, acc = round_curve([c], numerator)
-            ax.plot(rounds, 100 * acc, color=f"C{k % 10}", linewidth=1.6, label=label, marker=".", markersize=4)
+            ax.plot(rounds, 100 * acc, color=colors[k], linewidth=1.6, marker=".", markersize=4)
     reference = dict(zip(*cumulative_accuracy(curves[0]), strict=True))
     for k in range(1, len(runs)):
         t, acc = cumulative_accuracy(curves[k])
         gap = [(int(r), 100 * (a - reference[int(r)])) for r, a in zip(t, acc, strict=True) if int(r) in reference]
-        axes[1, 0].plot([r for r, _ in gap], [g for _, g in gap], color=f"C{k % 10}", linewidth=1.6, marker=".")
+        axes[1, 0].plot([r for r, _ in gap], [g for _, g in gap], color=colors[k], linewidth=1.6, marker=".")
     axes[0, 0].set_title("online accuracy per round (all clients)", fontsize=TITLE)
-    axes[0, 1].set_title("received prompt, before adaptation", fontsize=TITLE)
-    axes[1, 0].set_title(f"online accuracy so far, minus {runs[0].name}'s (points)", fontsize=TITLE)
+    axes[0, 1].set_title("received prompt, before adaptation (all clients)", fontsize=TITLE)
+    axes[1, 0].set_title("online accuracy so far, minus the reference's", fontsize=TITLE)
     for ax in (*axes[0], axes[1, 0]):
         _round_axis(ax)
     axes[0, 0].set_ylabel("top-1 accuracy of the round's batches (%)", fontsize=LABEL)
-    axes[0, 0].legend(fontsize=SMALL, loc="best")
+    axes[0, 1].set_ylabel("received prompt's accuracy (%)", fontsize=LABEL)
+    axes[1, 0].set_ylabel("difference (accuracy points)", fontsize=LABEL)
+
     n = comparison.accuracy.shape[1]
+    order = domain_order(domains) if len(domains) == n and None not in domains else list(range(n))
     width = 0.8 / max(1, len(runs) - 1)
     for k in range(1, len(runs)):
-        delta = 100 * comparison.delta(k)
+        delta = 100 * comparison.delta(k)[order]
         offset = (k - 1 - (len(runs) - 2) / 2) * width
-        axes[1, 1].bar(np.arange(n) + offset, np.nan_to_num(delta), width=width, color=f"C{k % 10}")
+        axes[1, 1].bar(np.arange(n) + offset, np.nan_to_num(delta), width=width, color=colors[k])
     for ax in axes[1]:
         ax.axhline(0, color="black", linewidth=0.8)
-    axes[1, 1].set_xticks(range(n), [client_label(c, domains).replace(" ", "\n") for c in range(n)], fontsize=SMALL)
-    axes[1, 1].set_xlabel("client")
-    axes[1, 1].set_title(f"per-client online accuracy minus {runs[0].name}'s (points, paired)", fontsize=TITLE)
+    client_ticks(axes[1, 1], "x", order, domains if len(domains) == n else [None] * n, long=True)
+    if n <= LABELLED_CLIENTS:
+        axes[1, 1].tick_params(axis="x", labelrotation=35)
+        for label in axes[1, 1].get_xticklabels():
+            label.set_horizontalalignment("right")
+            label.set_rotation_mode("anchor")
+    axes[1, 1].set_xlabel("client" + (" (grouped by shift domain)" if order != list(range(n)) else ""))
+    axes[1, 1].set_ylabel("difference (accuracy points)", fontsize=LABEL)
+    axes[1, 1].set_title("per-client online accuracy minus the reference's (paired)", fontsize=TITLE)
     axes[1, 1].grid(axis="y", alpha=0.3)
-    fig.suptitle(title, fontsize=HEADLINE)
-    fig.tight_layout(rect=(0, 0, 1, 0.95))
-    return _save(fig, path)
+
+    handles = [Line2D([], [], color=colors[k], linewidth=1.6, marker=".") for k in range(len(runs))]
+    entries = []
+    for k, (run, label, name) in enumerate(zip(runs, labels, names, strict=True)):
+        state = "" if run.complete else " [incomplete]"
+        entries.append(f"{label}{' (reference)' if k == 0 else ''}{state}:  {_short(name)}")
+    fig.legend(
+        handles,
+        entries,
+        loc="outside lower center",  # above it, the key would cover the suptitle
+        ncol=1 if len(runs) <= 4 else 2,
+        fontsize=SMALL,
+        title="runs (label: folder)",
+        title_fontsize=SMALL,
+        frameon=False,
+    )
+    others = ", ".join(labels[1:])
+    fig.suptitle(_wrap(f"{others} against the reference, {labels[0]}", 110), fontsize=HEADLINE)
+    return fig
+
+
+def compare_figure(
+    comparison: Comparison,
+    curves: Sequence[Mapping[str, Any]],
+    domains: Sequence[str | None],
+    labels: Sequence[str],
+    names: Sequence[str],
+    path: Path,
+) -> Path:
+    """``build_compare`` saved to ``path``."""
+    return _save(build_compare(comparison, curves, domains, labels, names), path)
 
 
 def signals_figure(curves: Mapping[str, Any], title: str, path: Path) -> Path:

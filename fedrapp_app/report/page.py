@@ -32,9 +32,11 @@ from fedrapp_app.report.tables import (
     config_changes,
     events,
     fedrapp_signals,
+    label_keys,
     mean_share,
     peer_matrix,
     round_curves,
+    run_labels,
     same_domain_share,
     statuses_of,
     summary_mismatches,
@@ -373,28 +375,30 @@ def write_compare_report(runs: Sequence[Run], out: Path, regenerate: str) -> Pat
     names = _unique_names(runs)
     for run, name in zip(runs, names, strict=True):
         write_run_report(run, out / "runs" / name, f"fedrapp-report {run.path}")
-    ref = runs[0]
     domains = max((run.domains for run in runs), key=len)
-    heading = f"{' vs '.join(names)} (reference: {names[0]})"
-    figures.compare_figure(c, curves, domains, heading, out / "compare.png")
+    labels = run_labels(runs, names)
+    figures.compare_figure(c, curves, domains, labels, names, out / "compare.png")
 
     page = io.StringIO()
-    page.write(f"# Comparison: {' vs '.join(f'`{n}`' for n in names)}\n\n")
+    page.write(f"# Comparison: {' vs '.join(f'`{label}`' for label in labels)}\n\n")
     page.write(
-        f"Regenerate: `{regenerate}`. Reference: `{names[0]}` ({ref.strategy}); every difference is another run "
-        "minus the reference, in accuracy points.\n\n"
+        f"Regenerate: `{regenerate}`. Reference: `{labels[0]}`; every difference is another run minus the "
+        "reference, in accuracy points. Runs are labelled by the config keys they differ in"
+        + (f" ({', '.join(f'`{k}`' for k in label_keys(runs))})" if label_keys(runs) else "")
+        + "; the table below gives each label's folder and links its own report.\n\n"
     )
     page.write(_pairing_text(c))
-    incomplete = [f"`{n}` ({run.status})" for run, n in zip(runs, names, strict=True) if not run.complete]
+    incomplete = [f"`{label}` ({run.status})" for run, label in zip(runs, labels, strict=True) if not run.complete]
     if incomplete:
         page.write(f"> **Incomplete runs**: {'; '.join(incomplete)}.\n\n")
     page.write("![accuracy per round and per-client differences](compare.png)\n\n")
     rows = []
-    for k, (run, name, t) in enumerate(zip(runs, names, c.totals, strict=True)):
+    for k, (run, name, label, t) in enumerate(zip(runs, names, labels, c.totals, strict=True)):
         delta = "" if k == 0 else f"{100 * (t.micro - c.totals[0].micro):+.2f}"
         paired = "" if k == 0 else c.paired(k).format(signed=True)
         rows.append(
             [
+                f"`{label}`" + (" (reference)" if k == 0 else ""),
                 f"[{name}](runs/{name}/{REPORT_FILE})",
                 run.strategy,
                 run.method,
@@ -411,7 +415,8 @@ def write_compare_report(runs: Sequence[Run], out: Path, regenerate: str) -> Pat
     page.write(
         _table(
             [
-                "run",
+                "label",
+                "run folder (its report)",
                 "strategy",
                 "method",
                 "state",
@@ -427,7 +432,7 @@ def write_compare_report(runs: Sequence[Run], out: Path, regenerate: str) -> Pat
         )
     )
     page.write("\n## Per client\n\nOnline accuracy (%) of each run; Δ: minus the reference (points).\n\n")
-    headers = ["client", "domain", *(f"{n} (%)" for n in names), *(f"Δ {n}" for n in names[1:])]
+    headers = ["client", "domain", *(f"{label} (%)" for label in labels), *(f"Δ {label}" for label in labels[1:])]
     n_clients = c.accuracy.shape[1]
     table = []
     for j in range(n_clients):
@@ -441,7 +446,7 @@ def write_compare_report(runs: Sequence[Run], out: Path, regenerate: str) -> Pat
             ]
         )
     page.write(_table(headers, table))
-    unequal = [names[k] for k in range(1, len(runs)) if not c.same_samples(k)]
+    unequal = [labels[k] for k in range(1, len(runs)) if not c.same_samples(k)]
     if unequal:
         page.write(
             f"\nSome clients scored a different number of samples in {', '.join(f'`{n}`' for n in unequal)} than "
@@ -454,7 +459,7 @@ def write_compare_report(runs: Sequence[Run], out: Path, regenerate: str) -> Pat
             better = int((c.delta(k) > 0).sum())
             worse = int((c.delta(k) < 0).sum())
             page.write(
-                f"\n`{names[k]}` vs `{names[0]}`: {better} clients better, {worse} worse, "
+                f"\n`{labels[k]}` vs `{labels[0]}`: {better} clients better, {worse} worse, "
                 f"{stat.n - better - worse} equal; mean Δ {stat.format(signed=True)} points"
                 + (f", 95% t interval {stat.format_ci95()}" if stat.n > 1 else "")
                 + ".\n"

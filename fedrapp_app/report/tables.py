@@ -505,6 +505,68 @@ def differing_keys(runs: Sequence[Run]) -> list[str]:
     return sorted(k for k in keys if len({repr(run.config.get(k, DEFAULTS.get(k, missing))) for run in runs}) > 1)
 
 
+#: Keys never used to tell runs apart: where a run writes, not what it computes.
+_NOT_A_LABEL = frozenset(RUNNER_KEYS)
+
+
+def _config_text(value: Any) -> str:
+    """A config value as one writes it in ``-c``: strings bare, booleans lower case, absent as ``(absent)``."""
+    if value is None:
+        return "(absent)"
+    if isinstance(value, bool):
+        return str(value).lower()
+    return str(value)
+
+
+def label_keys(runs: Sequence[Run]) -> list[str]:
+    """The config keys whose values tell the runs apart, in ``DEFAULTS`` order (``strategy`` first).
+
+    Output folder, run name and resume never count. Keys that cannot matter to any of the runs (another rule's
+    or local method's hyperparameters) and speed-only keys count only when nothing else differs; a key a run's
+    config lacks takes its default. Empty when the configs agree on everything but where they were written.
+    """
+    missing = object()
+    differ = [
+        k
+        for k in [*DEFAULTS, *sorted(set().union(*(run.config for run in runs)) - set(DEFAULTS))]
+        if k not in _NOT_A_LABEL and len({repr(run.config.get(k, DEFAULTS.get(k, missing))) for run in runs}) > 1
+    ]
+    minor = set(SPEED_KEYS) | set.intersection(*(irrelevant_keys(run.strategy, run.method) for run in runs))
+    major = [k for k in differ if k not in minor]
+    return sorted(major or differ, key=lambda k: (k != "strategy", k != "local-method"))
+
+
+def _name_tokens(names: Sequence[str]) -> list[str]:
+    """Each name without the ``-``-separated words every name shares at its start and end ("" when none is left)."""
+    parts = [name.split("-") for name in names]
+    head = 0
+    while all(len(p) > head for p in parts) and len({p[head] for p in parts}) == 1:
+        head += 1
+    tail = 0
+    while all(len(p) > head + tail for p in parts) and len({p[len(p) - 1 - tail] for p in parts}) == 1:
+        tail += 1
+    return ["-".join(p[head : len(p) - tail]) for p in parts]
+
+
+def run_labels(runs: Sequence[Run], names: Sequence[str] | None = None) -> list[str]:
+    """Short labels that tell the runs apart by what differs between their configs (:func:`label_keys`), e.g.
+    ``["strategy=fedrapp", "strategy=fedavg"]``; the full folder names go in a key beside them.
+
+    Runs whose configs agree (the same experiment twice) are told apart by the words of their ``names``
+    (default: folder names) that differ, else by their position (``run 1``, ``run 2``...).
+    """
+    names = [run.name for run in runs] if names is None else list(names)
+    keys = label_keys(runs)
+    labels = [", ".join(f"{k}={_config_text(run.config.get(k, DEFAULTS.get(k)))}" for k in keys) for run in runs]
+    if len(set(labels)) < len(labels):
+        tokens = _name_tokens(names)
+        extra = (
+            tokens if all(tokens) and len(set(tokens)) == len(tokens) else [f"run {k + 1}" for k in range(len(runs))]
+        )
+        labels = [f"{label}, {e}" if label else e for label, e in zip(labels, extra, strict=True)]
+    return labels
+
+
 @dataclass(frozen=True)
 class Comparison:
     """Several runs side by side; the first is the reference of every difference.
