@@ -427,3 +427,38 @@ def test_the_comparison_figure_has_nothing_clipped_or_overlapping(tmp_path):
         n in k for n, k in zip(names, key, strict=True)
     )
     assert names[0] not in fig._suptitle.get_text()
+
+
+def test_the_signals_legend_covers_no_curve(tmp_path):
+    """fedrapp.png: the clients' legend (and the uniform-weights one) sits beside the panels, not on them."""
+    from fedrapp_app.report.figures import build_signals
+    from fedrapp_app.report.tables import round_curves
+
+    run = load_run(_default_like_run(tmp_path / NAMES["fedrapp"], "fedrapp"))
+    fig = build_signals(round_curves(run), "signals")
+    assert all(ax.get_legend() is None for ax in fig.axes) and len(fig.legends) == 1
+    _render(fig)
+    legend = fig.legends[0].get_window_extent()
+    for ax in fig.axes:
+        assert not legend.overlaps(ax.get_window_extent()), ax.get_title()
+    assert len(fig.legends[0].get_texts()) == 9  # 8 clients and the uniform-weights line
+    assert _layout_problems(fig) == []
+
+
+def test_the_overview_counts_clients_on_an_axis_of_their_own(tmp_path):
+    """overview.png: the clients scored per round are bars on a labelled count axis, not on the accuracy axis."""
+    from fedrapp_app.report.figures import build_overview
+    from fedrapp_app.report.tables import client_stats, peer_matrix, round_curves
+
+    run = load_run(_default_like_run(tmp_path / NAMES["fedrapp"], "fedrapp"))
+    fig = build_overview(run, round_curves(run), client_stats(run), peer_matrix(run), None, "title")
+    accuracy, counts = fig.axes[0], fig.axes[1]
+    assert "accuracy" in accuracy.get_ylabel() and not accuracy.patches  # no bars on the accuracy axis
+    assert "clients" in counts.get_ylabel()
+    heights = [bar.get_height() for bar in counts.patches]
+    assert heights == [sum(last >= t for last in LAST_ROUND.values()) for t in range(1, 17)]
+    _render(fig)
+    ticks = [t.get_text() for t in counts.get_yticklabels() if t.get_visible() and t.get_text()]
+    assert ticks and all(t.isdigit() for t in ticks) and max(int(t) for t in ticks) <= 8
+    assert counts.get_ylim()[1] == 8
+    assert _layout_problems(fig) == []

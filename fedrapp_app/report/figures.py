@@ -10,10 +10,12 @@ one-glance overview and the detailed figures share their drawing. Clients are co
 - ``status_figure``: each client's row status per round;
 - ``peers_figure``: the peer weights w_ij and the mixing weights (ξ) averaged over rounds, by domain;
 - ``compare_figure``: several runs' accuracy per round overlaid, the running gap to the first run and the
-  per-client difference.
-
+  per-client difference; runs are labelled by the config keys they differ in, with a key to their folders;
 - ``signals_figure``: FedRAPP's r, μ, γ and same-domain share per client per round (the benchmark's
-  ``fedrapp_figure``).
+  ``fedrapp_figure``, its legends moved outside the panels).
+
+Every ``*_figure(…, path)`` saves what ``build_*(…)`` returns (a matplotlib ``Figure``, laid out by
+matplotlib's constrained layout so that titles, labels and legends neither clip nor overlap).
 """
 
 from __future__ import annotations
@@ -88,13 +90,9 @@ def _domain_legend(ax: Any, domains: Sequence[str | None], **kwargs: Any) -> Non
     ax.legend(handles=list(handles.values()), **kwargs)
 
 
-def _legend(ax: Any, counts: bool = True) -> None:
-    """The accuracy legend, in the band above 100%; ``counts``: with the twin axis' bars of clients scored."""
-    handles, labels = ax.get_legend_handles_labels()
-    if counts:
-        handles += [Patch(color="grey", alpha=0.3)]
-        labels += ["clients scored"]
-    ax.legend(handles, labels, fontsize=SMALL, loc="upper center", ncol=2)
+def _legend(ax: Any) -> None:
+    """The accuracy legend, in the band above 100% (no curve goes there)."""
+    ax.legend(fontsize=SMALL, loc="upper center", ncol=2)
 
 
 def client_ticks(ax: Any, axis: str, order: Sequence[int], domains: Sequence[str | None], long: bool) -> None:
@@ -128,11 +126,10 @@ def draw_accuracy(
     domains: Sequence[str | None],
     key: str = "acc",
     with_received: bool = True,
-    with_counts: bool = True,
 ) -> None:
     """Per-round accuracy (%): one thin line per client (``key`` = "acc" online, "acc_before" received prompt),
     the pooled accuracy of the round over all its clients (thick), and, with ``with_received``, the received
-    prompt's pooled accuracy (dashed). ``with_counts``: grey bars of the clients scored per round."""
+    prompt's pooled accuracy (dashed). The clients scored per round go in a panel of their own (``draw_counts``)."""
     colors = client_colors(domains)
     for client, block in curves["clients"].items():
         ax.plot(block["round"], 100 * np.asarray(block[key]), color=colors[int(client)], linewidth=0.7, alpha=0.55)
@@ -151,13 +148,17 @@ def draw_accuracy(
     ax.set_yticks(range(0, 101, 20))
     ax.set_ylabel("top-1 accuracy of the round's batches (%)", fontsize=LABEL)
     _round_axis(ax)
-    if with_counts and curves["rounds"]["round"]:
-        twin = ax.twinx()
-        twin.bar(curves["rounds"]["round"], curves["rounds"]["clients"], color="grey", alpha=0.15, width=0.8)
-        twin.set_ylim(0, 4 * max(curves["rounds"]["clients"]))  # the bars stay in the bottom quarter
-        twin.set_yticks([])
-        ax.set_zorder(twin.get_zorder() + 1)
-        ax.patch.set_visible(False)
+
+
+def draw_counts(ax: Any, curves: Mapping[str, Any], num_clients: int) -> None:
+    """Bars: the clients scored in each round, on a count axis of their own (0 to ``num_clients``)."""
+    ax.bar(curves["rounds"]["round"], curves["rounds"]["clients"], color="grey", alpha=0.6, width=0.8)
+    top = max(1, num_clients, *curves["rounds"]["clients"])
+    ax.set_ylim(0, top)
+    ax.set_yticks([t for t in MaxNLocator(nbins=3, integer=True).tick_values(0, top) if 0 <= t <= top])
+    ax.tick_params(axis="y", labelsize=SMALL)
+    ax.set_ylabel("clients\nscored", fontsize=LABEL)
+    _round_axis(ax)
 
 
 def draw_clients(ax: Any, stats: Sequence[ClientStats], domains: Sequence[str | None]) -> None:
@@ -250,83 +251,10 @@ def headline(run: Run, micro: float, macro: float, samples: int) -> str:
     )
 
 
-def _save(fig: Any, path: Path, dpi: int = 100) -> Path:
+def _save(fig: Figure, path: Path, dpi: int = 100) -> Path:
     save_small_png(fig, path, dpi=dpi)
     plt.close(fig)
     return path
-
-
-def overview_figure(
-    run: Run,
-    curves: Mapping[str, Any],
-    stats: Sequence[ClientStats],
-    matrix: PeerMatrix | None,
-    share: tuple[float, float] | None,
-    title: str,
-    path: Path,
-) -> Path:
-    """The run at a glance: accuracy per round, per client, and who learns from whom (or statuses).
-
-    ``share``: mean same-domain peer share and its equal-weights reference, printed under the matrix."""
-    fig, axes = plt.subplots(1, 3, figsize=(12, 4.3), gridspec_kw={"width_ratios": [1.3, 1.0, 1.0]})
-    draw_accuracy(axes[0], curves, run.domains)
-    axes[0].set_title("accuracy per round (thin: each client, online)", fontsize=TITLE)
-    _legend(axes[0])
-    draw_clients(axes[1], stats, run.domains)
-    axes[1].set_title("online accuracy per client (tick: received prompt)", fontsize=TITLE)
-    _domain_legend(axes[1], run.domains, fontsize=SMALL, loc="upper right", ncol=2)
-    if matrix is not None:
-        heading = "who learns from whom: w_ij (%)"
-        if share is not None:
-            heading += f"\non own domain {100 * share[0]:.0f}% (equal weights {100 * share[1]:.0f}%)"
-        draw_matrix(axes[2], matrix.weights, run.domains, heading)
-    else:
-        draw_status(axes[2], run)
-        axes[2].set_title(f"row status per round ({run.strategy}: no peer weights)", fontsize=TITLE)
-    fig.suptitle(title, fontsize=HEADLINE)
-    fig.tight_layout(rect=(0, 0, 1, 0.92))
-    return _save(fig, path)
-
-
-def accuracy_figure(run: Run, curves: Mapping[str, Any], title: str, path: Path) -> Path:
-    """Online (left) and received-prompt (right) accuracy per round, overall and per client."""
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4.2), sharey=True)
-    draw_accuracy(axes[0], curves, run.domains, "acc", with_received=False)
-    draw_accuracy(axes[1], curves, run.domains, "acc_before", with_counts=True)
-    axes[0].set_title("online accuracy (after local adaptation)", fontsize=TITLE)
-    axes[1].set_title("received prompt, before adaptation", fontsize=TITLE)
-    _legend(axes[0])
-    _domain_legend(axes[1], run.domains, fontsize=SMALL, loc="upper center", ncol=4)
-    fig.suptitle(title, fontsize=TITLE)
-    fig.tight_layout(rect=(0, 0, 1, 0.92))
-    return _save(fig, path)
-
-
-def build_status(run: Run, title: str) -> Any:
-    """What happened to each client in each round."""
-    fig, ax = plt.subplots(figsize=(9, 1.4 + 0.28 * min(run.num_clients, 24)))
-    draw_status(ax, run)
-    ax.set_title(title, fontsize=TITLE)
-    fig.tight_layout()
-    return fig
-
-
-def status_figure(run: Run, title: str, path: Path) -> Path:
-    """``build_status`` saved to ``path``."""
-    return _save(build_status(run, title), path)
-
-
-def peers_figure(run: Run, matrix: PeerMatrix, xi_rule: bool, title: str, path: Path) -> Path:
-    """Left: peer weights w_ij (rows sum to 100%); right: the weight of j in i's next prompt (ξ_ij)."""
-    size = 3.2 + 0.32 * min(run.num_clients, LABELLED_CLIENTS)
-    fig, axes = plt.subplots(1, 2, figsize=(2 * size + 1.2, size))
-    draw_matrix(axes[0], matrix.weights, run.domains, "peer weight w_ij (%): share of peer j in i's peer part")
-    right = "ξ_ij (%): weight of upload j in i's next prompt" if xi_rule else "weight of memory j in P̂_i (%)"
-    image = draw_matrix(axes[1], matrix.mixing, run.domains, right + "\n(diagonal: 1 − γ_i)", diagonal=True)
-    fig.colorbar(image, ax=axes[1], fraction=0.046, pad=0.04)
-    fig.suptitle(title, fontsize=TITLE)
-    fig.tight_layout(rect=(0, 0, 1, 0.93))
-    return _save(fig, path)
 
 
 def _figure(width: float, height: float) -> Figure:
@@ -338,6 +266,116 @@ def _figure(width: float, height: float) -> Figure:
 def _wrap(text: str, width: int) -> str:
     """``text`` broken into lines of at most ``width`` characters (a title that would not fit the figure)."""
     return "\n".join(textwrap.fill(line, width, break_on_hyphens=False) for line in text.splitlines())
+
+
+def build_overview(
+    run: Run,
+    curves: Mapping[str, Any],
+    stats: Sequence[ClientStats],
+    matrix: PeerMatrix | None,
+    share: tuple[float, float] | None,
+    title: str,
+) -> Figure:
+    """The run at a glance: accuracy per round (above the clients scored per round, on their own count axis),
+    accuracy per client, and who learns from whom (or statuses).
+
+    ``share``: mean same-domain peer share and its equal-weights reference, printed under the matrix."""
+    fig = _figure(12, 4.6)
+    grid = fig.add_gridspec(2, 3, width_ratios=[1.3, 1.0, 1.0], height_ratios=[4.0, 1.0])
+    accuracy = fig.add_subplot(grid[0, 0])
+    counts = fig.add_subplot(grid[1, 0], sharex=accuracy)
+    draw_accuracy(accuracy, curves, run.domains)
+    accuracy.set_xlabel("")
+    accuracy.tick_params(axis="x", labelbottom=False)
+    accuracy.set_title("accuracy per round (thin: each client, online)", fontsize=TITLE)
+    _legend(accuracy)
+    draw_counts(counts, curves, run.num_clients)
+    clients = fig.add_subplot(grid[:, 1])
+    draw_clients(clients, stats, run.domains)
+    clients.set_title("online accuracy per client (tick: received prompt)", fontsize=TITLE)
+    _domain_legend(clients, run.domains, fontsize=SMALL, loc="upper right", ncol=2)
+    right = fig.add_subplot(grid[:, 2])
+    if matrix is not None:
+        heading = "who learns from whom: w_ij (%)"
+        if share is not None:
+            heading += f"\non own domain {100 * share[0]:.0f}% (equal weights {100 * share[1]:.0f}%)"
+        draw_matrix(right, matrix.weights, run.domains, heading)
+    else:
+        draw_status(right, run)
+        right.set_title(f"row status per round\n({run.strategy}: no peer weights)", fontsize=TITLE)
+    fig.suptitle(title, fontsize=HEADLINE)
+    return fig
+
+
+def overview_figure(
+    run: Run,
+    curves: Mapping[str, Any],
+    stats: Sequence[ClientStats],
+    matrix: PeerMatrix | None,
+    share: tuple[float, float] | None,
+    title: str,
+    path: Path,
+) -> Path:
+    """``build_overview`` saved to ``path``."""
+    return _save(build_overview(run, curves, stats, matrix, share, title), path)
+
+
+def build_accuracy(run: Run, curves: Mapping[str, Any], title: str) -> Figure:
+    """Online (left) and received-prompt (right) accuracy per round, overall and per client, each above the
+    clients scored per round."""
+    fig = _figure(11, 4.6)
+    grid = fig.add_gridspec(2, 2, height_ratios=[4.0, 1.0])
+    left = fig.add_subplot(grid[0, 0])
+    right = fig.add_subplot(grid[0, 1], sharey=left)
+    draw_accuracy(left, curves, run.domains, "acc", with_received=False)
+    draw_accuracy(right, curves, run.domains, "acc_before")
+    left.set_title("online accuracy (after local adaptation)", fontsize=TITLE)
+    right.set_title("received prompt, before adaptation", fontsize=TITLE)
+    _legend(left)
+    _domain_legend(right, run.domains, fontsize=SMALL, loc="upper center", ncol=4)
+    for column, ax in enumerate((left, right)):
+        ax.set_xlabel("")
+        ax.tick_params(axis="x", labelbottom=False)
+        draw_counts(fig.add_subplot(grid[1, column], sharex=ax), curves, run.num_clients)
+    fig.suptitle(title, fontsize=TITLE)
+    return fig
+
+
+def accuracy_figure(run: Run, curves: Mapping[str, Any], title: str, path: Path) -> Path:
+    """``build_accuracy`` saved to ``path``."""
+    return _save(build_accuracy(run, curves, title), path)
+
+
+def build_status(run: Run, title: str) -> Figure:
+    """What happened to each client in each round."""
+    fig = _figure(9, 1.5 + 0.28 * min(run.num_clients, 24))
+    ax = fig.add_subplot()
+    draw_status(ax, run)
+    ax.set_title(title, fontsize=TITLE)
+    return fig
+
+
+def status_figure(run: Run, title: str, path: Path) -> Path:
+    """``build_status`` saved to ``path``."""
+    return _save(build_status(run, title), path)
+
+
+def build_peers(run: Run, matrix: PeerMatrix, xi_rule: bool, title: str) -> Figure:
+    """Left: peer weights w_ij (rows sum to 100%); right: the weight of j in i's next prompt (ξ_ij)."""
+    size = 3.2 + 0.32 * min(run.num_clients, LABELLED_CLIENTS)
+    fig = _figure(2 * size + 1.2, size + 0.3)
+    axes = fig.subplots(1, 2)
+    draw_matrix(axes[0], matrix.weights, run.domains, "peer weight w_ij (%):\nshare of peer j in i's peer part")
+    right = "ξ_ij (%): weight of upload j in i's next prompt" if xi_rule else "weight of memory j in P̂_i (%)"
+    image = draw_matrix(axes[1], matrix.mixing, run.domains, right + "\n(diagonal: 1 − γ_i)", diagonal=True)
+    fig.colorbar(image, ax=axes[1], fraction=0.046, pad=0.04)
+    fig.suptitle(title, fontsize=TITLE)
+    return fig
+
+
+def peers_figure(run: Run, matrix: PeerMatrix, xi_rule: bool, title: str, path: Path) -> Path:
+    """``build_peers`` saved to ``path``."""
+    return _save(build_peers(run, matrix, xi_rule, title), path)
 
 
 def _short(name: str, width: int = 64) -> str:
@@ -431,6 +469,36 @@ def compare_figure(
     return _save(build_compare(comparison, curves, domains, labels, names), path)
 
 
+def _legends_outside(fig: Figure) -> Figure:
+    """Every axes legend of ``fig`` gathered into one legend right of the panels, where it covers no data."""
+    handles: list[Any] = []
+    texts: list[str] = []
+    for ax in fig.axes:
+        legend = ax.get_legend()
+        if legend is None:
+            continue
+        wanted = [t.get_text() for t in legend.get_texts()]
+        for handle, text in zip(*ax.get_legend_handles_labels(), strict=True):
+            if text in wanted and text not in texts:
+                handles.append(handle)
+                texts.append(text)
+        legend.remove()
+    if handles:
+        width, height = fig.get_size_inches()
+        fig.set_size_inches(width + 1.8, height)
+        fig.set_layout_engine("constrained")
+        fig.legend(handles, texts, loc="outside right upper", fontsize=TINY, frameon=False)
+    return fig
+
+
+def build_signals(curves: Mapping[str, Any], title: str) -> Figure:
+    """FedRAPP's r, μ, γ and same-domain peer share per client per round (the benchmark's ``fedrapp_figure``,
+    its legends gathered right of the panels)."""
+    made: list[Figure] = []
+    fedrapp_figure(curves, title, Path("signals.png"), save=lambda fig, _: made.append(fig))
+    return _legends_outside(made[0])
+
+
 def signals_figure(curves: Mapping[str, Any], title: str, path: Path) -> Path:
-    """FedRAPP's r, μ, γ and same-domain peer share per client per round (palette PNG)."""
-    return fedrapp_figure(curves, title, path, save=save_small_png)
+    """``build_signals`` saved to ``path`` (palette PNG)."""
+    return _save(build_signals(curves, title), path)
