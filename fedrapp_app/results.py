@@ -141,14 +141,18 @@ _OUTCOME_KEYS = ("round", "client", "status", "reason", "num_examples", "skipped
 class RunRecorder:
     """Writes the per-round rows and the summary of one run into ``run_dir``."""
 
-    def __init__(self, run_dir: Path, config: dict[str, Any], resume_after: int | None = None) -> None:
+    def __init__(
+        self, run_dir: Path, config: dict[str, Any], resume_after: int | None = None, started: float | None = None
+    ) -> None:
         """Start a run's files, or with ``resume_after = R`` continue them: rows of rounds after R (from a
-        round that never reached its checkpoint) are dropped and the totals are rebuilt from the rest."""
+        round that never reached its checkpoint) are dropped and the totals are rebuilt from the rest.
+        ``started``: epoch seconds the run (this session) started, which the summary's ``seconds`` count from
+        (default: now), so that they cover the setup before the files were opened too."""
         self.run_dir = Path(run_dir).resolve()
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.config = config
+        self.started = time.time() if started is None else started
         self.provenance = provenance()
-        self.started = time.time()
         self.rounds_path = self.run_dir / "rounds.jsonl"
         self.summary_path = self.run_dir / "summary.json"
         self.correct: dict[int, int] = defaultdict(int)

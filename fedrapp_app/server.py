@@ -182,7 +182,8 @@ def run_server(
             config = config.with_num_clients(count_nodes(grid, int(config["min-nodes"]), wait))
             if checkpoint is not None:
                 _resumable(config, checkpoint)
-        recorder = RunRecorder(run_dir, dict(config.values), resume_after=checkpoint.round if checkpoint else None)
+        resumed = checkpoint.round if checkpoint else None
+        recorder = RunRecorder(run_dir, dict(config.values), resume_after=resumed, started=start)
         try:
             return _run_rounds(grid, config, recorder, checkpoint, start, on_round)
         except BaseException as err:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import time
 from collections import Counter
 from pathlib import Path
 
@@ -41,12 +42,16 @@ def failing_app(client: int, round_number: int):
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+def testbed_tiny_report(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return make_tiny_clip(tmp_path_factory.mktemp("tiny_testbed"), world.CLASSNAMES)
+
+
+@pytest.fixture(scope="module")
+def runs(testbed_tiny_report: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """Run folders: fedrapp (client 1 fails in round 2), fedavg, fedamp, none-fed, and 'interrupted' (the
     fedrapp run without summary.json, its rows cut after round 2 and a half-written last line)."""
-    model = make_tiny_clip(tmp_path_factory.mktemp("tiny_testbed"), world.CLASSNAMES)
     out = tmp_path_factory.mktemp("runs")
-    base = small_run(model, out, **{"num-clients": 4, "testbed-domains": DOMAINS})
+    base = small_run(testbed_tiny_report, out, **{"num-clients": 4, "testbed-domains": DOMAINS})
     folders = {}
     for strategy in ("fedrapp", "fedavg", "fedamp", "none-fed"):
         app = failing_app(*FAILING) if strategy == "fedrapp" else client_app
@@ -195,6 +200,27 @@ def test_fedrapp_signals_and_wall_time_are_reported(runs, reports):
     w = wall_time(load_run(runs["fedrapp"]))
     assert w.before_files is not None and not w.from_files and w.other is not None and w.other >= 0
     assert w.setup + w.rounds + w.other == pytest.approx(w.total)
+
+
+def test_the_summarys_seconds_cover_the_setup_and_every_round(testbed_tiny_report, tmp_path, monkeypatch):
+    """The summary's ``seconds`` count from the server's start, as ``setup_seconds`` do: what happens before the
+    run's files open (the run-folder check, the lock, counting SuperNodes, a slow git call for the provenance) is
+    inside both, so setup + rounds never exceed the total (the report printed a negative rest)."""
+    import fedrapp_app.results as results
+    import fedrapp_app.server as server
+
+    def slowly(function):
+        def slow(*args, **kwargs):
+            time.sleep(0.2)
+            return function(*args, **kwargs)
+
+        return slow
+
+    monkeypatch.setattr(server, "check_writable", slowly(server.check_writable))
+    monkeypatch.setattr(results, "provenance", slowly(results.provenance))
+    summary, _, _ = run_federation(small_run(testbed_tiny_report, tmp_path, **{"num-rounds": 2}))
+    rounds = sum({r["round"]: r["round_seconds"] for r in read_rows(summary["run_dir"])}.values())
+    assert summary["seconds"] >= summary["setup_seconds"] + rounds >= 0.4
 
 
 # ------------------------------------------------------------------------------------------- comparison
