@@ -241,6 +241,7 @@ class RunRecorder:
             "skipped": sum(self.skipped.values()),
             "rounds": self.rounds,
             "seconds": time.time() - self.started,
+            "started": self.started,  # epoch seconds of this session's start, which ``seconds`` count from
             "run_dir": str(self.run_dir),
             "resumed_after_round": self.resumed_after,
             **(extra or {}),

@@ -363,11 +363,12 @@ class WallTime:
     """The run's wall time split into parts that do not overlap: setup + rounds + rest = total (seconds; None
     where the run files do not say).
 
-    ``summary.json``'s ``seconds`` counts from when the run opened its files (``config.json``'s ``started``),
-    its ``setup_seconds`` from the server's start, earlier: the run lock, counting the SuperNodes
-    (``num-clients = 0``) and the provenance come in between (``before_files``). The total here is the
-    server's start to the summary, ``seconds + before_files``, with the start read from the run folder's
-    ``.lock``; where that is unknown (no ``.lock``, a resumed run) the total is ``seconds`` and the setup
+    Since commit 5d1fa28 ``summary.json``'s ``seconds`` count from the server's start, as its ``setup_seconds``
+    do, and the summary says when that was (``started``): the total is ``seconds``. Before, ``seconds`` counted
+    from when the run opened its files (``config.json``'s ``started``), later: the run lock, counting the
+    SuperNodes (``num-clients = 0``) and the provenance came in between (``before_files``). For such runs the
+    total is the server's start to the summary, ``seconds + before_files``, with the start read from the run
+    folder's ``.lock``; where that is unknown (no ``.lock``, a resumed run) the total is ``seconds`` and the setup
     overlaps it, so the rest is unknown (``other`` None, ``overlap`` how much at least).
     """
 
@@ -435,7 +436,9 @@ def wall_time(run: Run, last_write: float | None = None) -> WallTime:
     # The server's start: the lock it took a few ms after starting, when that lock is this session's and
     # config.json was written in it (a resumed run keeps the first session's config.json).
     before_files = None
-    if run.locked is not None and files_opened is not None and resumed_after is None:
+    if isinstance(summary.get("started"), int | float):  # seconds count from the server's start (since 5d1fa28)
+        before_files = 0.0
+    elif run.locked is not None and files_opened is not None and resumed_after is None:
         gap = files_opened - run.locked
         if gap >= -CLOCK_SLACK and (setup is None or gap <= setup + CLOCK_SLACK):
             before_files = max(0.0, gap)
