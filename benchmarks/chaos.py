@@ -20,6 +20,10 @@ position, its reply is not delivered yet.
 * ``superlink``: kill -9 the SuperLink (with its SuperExec and the ServerApp), start it again on the same
   ``--database`` and port, and resume the run (``resume = true``, the same ``run-name``).
 * ``superlink-term``: the same with SIGTERM (a graceful stop; it is given up to two minutes to exit).
+* ``superlink-crash``: kill -9 the SuperLink's own PID only (not its process group: as the OOM killer or a
+  crash does); its SuperExec and ServerApp live on and must notice by themselves. The SuperLink is started
+  again at once on the same ``--database`` and port and the run resumed at once; the report says when each
+  orphan exited (``orphan_exit_seconds``, from the kill) and whether the resume waited for the run lock.
 * ``restart-all``: SIGTERM every SuperNode at once and start them all again (a rolling upgrade done badly).
 
 Each scenario's run is compared with an uninterrupted run of the same config (in-process: the same server
@@ -44,6 +48,7 @@ import signal
 import statistics
 import sys
 import tempfile
+import threading
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -58,7 +63,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from vitb16 import load_average  # noqa: E402
 
 from fedrapp_app.client import app as client_app  # noqa: E402
-from fedrapp_app.deploy.loopback import Loopback, run_id_of  # noqa: E402
+from fedrapp_app.deploy.loopback import Loopback, alive, run_id_of  # noqa: E402
 from fedrapp_app.inprocess import InProcessGrid  # noqa: E402
 from fedrapp_app.results import read_rows  # noqa: E402
 from fedrapp_app.server import run_server  # noqa: E402
@@ -69,7 +74,7 @@ from federation import comparable_rows, small_run  # noqa: E402
 
 #: Row fields the server rule computes (the rest of a row is the client's own outcome).
 RULE_FIELDS = ("update_norm", "informative", "r", "mu", "gamma", "peer_weights", "peer_weights_rest", "trust")
-SCENARIOS = ("kill-fast", "kill-late", "sigterm", "superlink", "superlink-term", "restart-all")
+SCENARIOS = ("kill-fast", "kill-late", "sigterm", "superlink", "superlink-term", "superlink-crash", "restart-all")
 BATCH = 16
 #: What "identical to an uninterrupted run" can mean in each scenario (docs/results/chaos.md explains it).
 EXPECTED = {
@@ -78,6 +83,7 @@ EXPECTED = {
     "sigterm": "prefix; per position for none-fed (the victim misses rounds: FedRAPP's peers change)",
     "superlink": "identical (the cut round is re-run entirely from the checkpoint and the snapshots)",
     "superlink-term": "identical (the cut round is re-run entirely from the checkpoint and the snapshots)",
+    "superlink-crash": "identical (the cut round is re-run entirely from the checkpoint and the snapshots)",
     "restart-all": "prefix; per position when every client missed the same round (the rule skipped it)",
 }
 
@@ -156,6 +162,57 @@ class Watch:
         self.poll()
 
 
+def flock_holders(path: Path) -> set[int]:
+    """The PIDs holding a ``flock`` on ``path``, read from /proc/locks (which takes no lock: a probe with
+    ``flock`` itself could make a ServerApp that takes the lock at that moment find it busy)."""
+    try:
+        st = path.stat()
+    except OSError:
+        return set()
+    inode = f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}:{st.st_ino}"
+    holders = set()
+    for line in Path("/proc/locks").read_text().splitlines():
+        fields = line.split()
+        if "->" not in fields and "FLOCK" in fields and inode in fields:
+            holders.add(int(fields[fields.index("FLOCK") + 3]))
+    return holders
+
+
+class Orphans(threading.Thread):
+    """Watches the processes a crash left running (``{pid: name}``): when each exited and when none of them
+    held ``lock`` (the run folder's lock file) any more, in seconds after ``since`` (a ``time.monotonic()``);
+    gives up after ``timeout`` seconds."""
+
+    def __init__(self, pids: dict[int, str], since: float, lock: Path, timeout: float = 300.0) -> None:
+        super().__init__(daemon=True)
+        self.pids, self.since, self.lock, self.timeout = pids, since, lock, timeout
+        self.exited: dict[int, float] = {}
+        self.released: float | None = None
+        self.start()
+
+    def run(self) -> None:
+        while len(self.exited) < len(self.pids) and time.monotonic() - self.since < self.timeout:
+            if self.released is None and not flock_holders(self.lock) & set(self.pids):
+                self.released = time.monotonic() - self.since
+            for pid in self.pids:
+                if pid not in self.exited and not alive(pid):
+                    self.exited[pid] = time.monotonic() - self.since
+            time.sleep(0.05)
+        if self.released is None and len(self.exited) == len(self.pids):
+            self.released = max(self.exited.values())
+
+    def seconds(self) -> dict[str, float | None]:
+        """``{"<name> (<pid>)": seconds until it exited}``; None: still alive when the watch gave up."""
+        return {
+            f"{name} ({pid})": round(self.exited[pid], 2) if pid in self.exited else None
+            for pid, name in self.pids.items()
+        }
+
+
+#: What the ServerApp logs when a resume finds its run folder held and waits (``fedrapp_app.runlock``).
+LOCK_WAIT_LINE = "waiting up to"
+
+
 def run_scenario(
     scenario: str,
     folder: Path,
@@ -193,13 +250,15 @@ def run_scenario(
         watch.until(lambda: watch.snapshot(victim, at_round), timeout, f"client {victim}'s snapshot, round {at_round}")
         t_cut = watch.event(f"client {victim} saved its snapshot of position {at_round}: strike")
         runs = [run]
-        strike(scenario, fed, watch, victim, at_round, config, folder, runs, timeout)
+        orphans = strike(scenario, fed, watch, victim, at_round, config, folder, runs, timeout)
         watch.until(lambda: runs[-1].poll() is not None, timeout, "the run to end")
         watch.event(f"flwr run exited ({runs[-1].returncode})")
         logs = [folder / name for name in ("run.log", "run-resumed.log") if (folder / name).is_file()]
         run_ids = [run_id_of(log.read_text()) for log in logs]
         statuses = [fed.status(run_id).get("status") if run_id else "not submitted" for run_id in run_ids]
         node_ids = {c: fed.node_ids(c) for c in range(nodes)}
+        if orphans is not None:
+            orphans.join(timeout=max(0.0, orphans.timeout - (time.monotonic() - orphans.since)))
         leftovers = fed.stop()
     loads.append(load_average())
     if baseline != "loopback":
@@ -216,6 +275,11 @@ def run_scenario(
         load=loads,
         events=watch.events,
     )
+    if orphans is not None:
+        resumed = (folder / "run-resumed.log").read_text() if (folder / "run-resumed.log").is_file() else ""
+        report["orphan_exit_seconds"] = orphans.seconds()
+        report["orphan_released_lock_seconds"] = None if orphans.released is None else round(orphans.released, 2)
+        report["resume_waited_for_lock"] = [line.strip() for line in resumed.splitlines() if LOCK_WAIT_LINE in line]
     return report
 
 
@@ -229,8 +293,9 @@ def strike(
     folder: Path,
     runs: list,
     timeout: float,
-) -> None:
-    """Do what ``scenario`` says to the federation (the run in ``runs[-1]`` is in round ``at_round``)."""
+) -> Orphans | None:
+    """Do what ``scenario`` says to the federation (the run in ``runs[-1]`` is in round ``at_round``); for
+    ``superlink-crash``, the watch on the processes the kill left running."""
     if scenario in ("kill-fast", "kill-late"):
         fed.stop_node(victim, signal.SIGKILL)
         watch.event(f"kill -9 node {victim} (SuperNode, executor, ClientApp)")
@@ -267,6 +332,17 @@ def strike(
         watch.event("SuperLink started again on the same database and port")
         runs.append(fed.submit(ROOT, {**config, "resume": True}, folder / "run-resumed.log"))
         watch.event("resumed run submitted (resume = true, same run-name)")
+    elif scenario == "superlink-crash":
+        killed = time.monotonic()
+        left = fed.crash_superlink()
+        orphans = Orphans(left, killed, Path(config["output-dir"]) / config["run-name"] / ".lock")
+        watch.event(f"kill -9 the SuperLink's PID only; left running: {left}")
+        fed.start_superlink()
+        watch.event("SuperLink started again on the same database and port")
+        runs.append(fed.submit(ROOT, {**config, "resume": True}, folder / "run-resumed.log"))
+        watch.event("resumed run submitted at once (resume = true, same run-name)")
+        return orphans
+    return None
 
 
 def positions(rows: list[dict]) -> dict[int, list[int]]:
@@ -434,6 +510,8 @@ def main(argv: list[str] | None = None) -> int:
         report["wall_seconds"] = round(time.monotonic() - started, 1)
         reports.append(report)
         keys = ("cut_round_victim", "victim_back", "stopped", "unscored", "run_statuses", "node_ids", "expected")
+        extra = ("orphan_exit_seconds", "orphan_released_lock_seconds", "resume_waited_for_lock")
+        keys += tuple(k for k in extra if k in report)
         print("  " + json.dumps({k: report[k] for k in keys}, default=str))
     print(table(reports))
     if args.json:

@@ -1,8 +1,14 @@
 """One writer per run folder: an advisory lock (``flock``) on ``<run_dir>/.lock`` held while a run writes there.
 
 The kernel drops the lock when its holder dies (killed, crashed, Ctrl-C), so a dead run never blocks the next
-one; a live one makes a second run or a resume on the same folder fail at once, naming the holder's PID.
-The lock file keeps the holder's PID, host, start time and, under ``fedrapp-sim``, the launcher's PID.
+one; a live one makes a second run on the same folder fail at once, naming the holder's PID. A resume waits for
+a live holder up to ``RESUME_WAIT_SECONDS`` first (saying so once): the holder is usually the ServerApp of the
+very run being resumed, still stopping after its SuperLink died. The lock file keeps the holder's PID, host,
+start time and, under ``fedrapp-sim``, the launcher's PID.
+
+``release_on_signal`` makes a run give its folder up the moment its process is told to stop (SIGINT, SIGTERM:
+what Flower's ServerApp process gets when its SuperLink or SuperExec dies), before the process's own exit
+handlers run.
 """
 
 from __future__ import annotations
@@ -11,19 +17,30 @@ import contextlib
 import errno
 import fcntl
 import json
+import logging
 import os
+import select
+import signal
 import socket
 import tempfile
+import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from types import FrameType
 from typing import Any
 
 from fedrapp_app.config import ConfigError
 
+log = logging.getLogger("flwr.fedrapp")
+
 LOCK_FILE = ".lock"
 #: Set by ``fedrapp-sim`` for the processes it starts, so that the lock names the command a user can stop.
 LAUNCHER_PID_ENV = "FEDRAPP_LAUNCHER_PID"
+#: How long a resume waits for a live holder of its run folder. The usual holder is the ServerApp of the run
+#: being resumed whose SuperLink was killed: Flower stops it through its SuperExec, and it gives the folder up
+#: about 2 s after the kill (``release_on_signal``; 8.5 s before it, measured on loopback: docs/deployment.md).
+RESUME_WAIT_SECONDS = 30.0
 
 
 class RunFolderBusy(RuntimeError):
@@ -88,10 +105,23 @@ def check_writable(run_dir: Path, output_dir: str = "") -> None:
                 folder.rmdir()
 
 
-def _describe(run_dir: Path, holder: dict[str, Any]) -> str:
+def _who(holder: dict[str, Any]) -> str:
     who = f"PID {holder.get('pid', '?')} on {holder.get('host', '?')}"
     if holder.get("launcher_pid"):
         who += f" (started by fedrapp-sim PID {holder['launcher_pid']})"
+    return who
+
+
+def _describe(run_dir: Path, holder: dict[str, Any], waited: float = 0.0) -> str:
+    if waited > 0:
+        pid = holder.get("pid", "<pid>")
+        return (
+            f"run folder {run_dir} is still being written by {_who(holder)} after waiting {waited:g} s: a run "
+            f"folder has one writer. A ServerApp whose SuperLink was stopped or died gives it up within seconds; "
+            f"if this one is still stopping, wait until PID {pid} has exited (ps -p {pid}, on that host) and "
+            f"submit again; if it is a run that goes on, let it finish, or stop it (kill -INT {pid}) and resume it"
+        )
+    who = _who(holder)
     since = holder.get("started")
     when = time.strftime(" since %Y-%m-%d %H:%M:%S", time.localtime(since)) if isinstance(since, float) else ""
     stop = holder.get("launcher_pid") or holder.get("pid", "<pid>")
@@ -126,28 +156,44 @@ def check_free(run_dir: Path) -> None:
         raise RunFolderBusy(_describe(Path(run_dir), found))
 
 
+def _read_holder(f: Any) -> dict[str, Any]:
+    f.seek(0)
+    try:
+        return json.loads(f.read() or "{}")
+    except json.JSONDecodeError:
+        return {}
+
+
 @contextlib.contextmanager
 def run_lock(run_dir: Path, wait: float = 0.0) -> Iterator[None]:
     """Hold ``run_dir``'s lock for the ``with`` block (creating the folder); ``RunFolderBusy`` if it is held
-    (still held after ``wait`` seconds: a holder that is being stopped may need a moment to exit)."""
+    (still held after ``wait`` seconds: a holder that is being stopped may need a moment to exit). A wait is
+    logged once, naming the holder; the error after it says how long it waited and what to do."""
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     with open(run_dir / LOCK_FILE, "a+") as f:
-        deadline = time.monotonic() + wait
+        started = time.monotonic()
+        said = False
         while True:
             try:
                 fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
                 break
             except BlockingIOError:
-                if time.monotonic() < deadline:
+                if time.monotonic() < started + wait:
+                    if not said:
+                        said = True
+                        log.warning(
+                            "run folder %s is held by %s; waiting up to %g s for it to be released (the ServerApp "
+                            "of a run whose SuperLink was stopped gives it up within seconds)",
+                            run_dir,
+                            _who(_read_holder(f)),
+                            wait,
+                        )
                     time.sleep(0.2)
                     continue
-                f.seek(0)
-                try:
-                    found = json.loads(f.read() or "{}")
-                except json.JSONDecodeError:
-                    found = {}
-                raise RunFolderBusy(_describe(run_dir, found)) from None
+                raise RunFolderBusy(_describe(run_dir, _read_holder(f), wait)) from None
+        if said:
+            log.info("run folder %s released after %.1f s; going on", run_dir, time.monotonic() - started)
         me = {"pid": os.getpid(), "host": socket.gethostname(), "started": time.time()}
         if os.environ.get(LAUNCHER_PID_ENV):
             me["launcher_pid"] = int(os.environ[LAUNCHER_PID_ENV])
@@ -159,3 +205,117 @@ def run_lock(run_dir: Path, wait: float = 0.0) -> Iterator[None]:
             yield
         finally:
             fcntl.flock(f.fileno(), fcntl.LOCK_UN)
+
+
+class RunStopped(BaseException):
+    """The run's process was told to stop (SIGINT, SIGTERM) while it ran (raised by ``release_on_signal``). Not an
+    ``Exception``: like ``KeyboardInterrupt``, nothing on the way may swallow it, and the run counts it as
+    interrupted."""
+
+
+class _WakeMain(threading.Thread):
+    """Makes a signal that another thread received stop the main thread's wait at once.
+
+    Python runs signal handlers in the main thread only, and only between bytecodes. Flower's parent monitor
+    raises its SIGINT in its own thread, so the main thread, asleep in Flower's 3 s reply poll or in a backoff
+    wait of up to 20 s while its calls to a dead SuperLink fail, got to the handler only when that wait ended
+    (the run folder was released 2.4-5.0 s after a kill -9 of the SuperLink, measured). This thread reads the
+    signal numbers Python's C-level handler writes to a wakeup fd and, for ``signals``, sends the main thread a
+    SIGUSR1 with a no-op handler: its wait is interrupted (EINTR) and the pending handler runs. No signal is
+    added: the one that was raised is handled once, as before, only sooner.
+    """
+
+    def __init__(self, signals: tuple[int, ...]) -> None:
+        super().__init__(name="fedrapp-wake-main", daemon=True)
+        self.signals = set(signals)
+        self.main = threading.main_thread().ident
+        self.read_end, self.write_end = os.pipe()
+        for fd in (self.read_end, self.write_end):
+            os.set_blocking(fd, False)
+        self.done = threading.Event()
+        self.previous_wakeup = -1
+        self.previous_usr1: Any = None
+
+    def __enter__(self) -> _WakeMain:
+        self.previous_usr1 = signal.signal(signal.SIGUSR1, lambda signum, frame: None)
+        self.previous_wakeup = signal.set_wakeup_fd(self.write_end, warn_on_full_buffer=False)
+        self.start()
+        return self
+
+    def run(self) -> None:
+        while not self.done.is_set():
+            ready, _, _ = select.select([self.read_end], [], [], 0.2)
+            if not ready or self.done.is_set():
+                continue
+            try:
+                got = os.read(self.read_end, 512)
+            except BlockingIOError:
+                continue
+            if self.signals & set(got) and self.main is not None:
+                signal.pthread_kill(self.main, signal.SIGUSR1)
+
+    def __exit__(self, *exc: object) -> None:
+        self.done.set()
+        self.join()
+        signal.set_wakeup_fd(self.previous_wakeup)
+        signal.signal(signal.SIGUSR1, self.previous_usr1)
+        os.close(self.read_end)
+        os.close(self.write_end)
+
+
+@contextlib.contextmanager
+def release_on_signal(signals: tuple[int, ...] = (signal.SIGINT, signal.SIGTERM)) -> Iterator[None]:
+    """Run the ``with`` block (a whole run, its ``run_lock`` inside) so that SIGINT or SIGTERM stops it at once.
+
+    The signal raises ``RunStopped`` wherever the block is; the run unwinds (its ``summary.json`` says
+    interrupted, its lock is released) and only then does the handler that was installed before get the signal:
+    in a ServerApp process, Flower's graceful exit, which pushes the task's status to the SuperLink and can take
+    several seconds (with the SuperLink gone, up to its 5 s force-exit timer), or Python's ``KeyboardInterrupt``.
+    A second signal goes to that handler directly. Flower's ServerApp process gets a SIGINT when its SuperExec
+    dies, which the SuperExec does about 2 s after its SuperLink died (both watch their parent's PID); without
+    this, the run held its folder through Flower's exit handlers, 8.5 s after a kill -9 of the SuperLink.
+
+    A signal raised in another thread (Flower's monitor does that) wakes the main thread at once (``_WakeMain``).
+    Outside the main thread (a simulation's ServerApp thread), where Python cannot install handlers, the block
+    runs as it is. A signal that was ignored (``SIG_IGN``) stays ignored.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous: dict[int, Callable[[int, FrameType | None], Any] | int] = {}
+    received: list[tuple[int, FrameType | None]] = []
+
+    def restore() -> None:
+        for number, handler in previous.items():
+            signal.signal(number, handler)
+
+    def stop(signum: int, frame: FrameType | None) -> None:
+        received.append((signum, frame))
+        restore()
+        raise RunStopped(
+            f"the ServerApp process got {signal.Signals(signum).name} (its SuperLink or SuperExec is gone, "
+            "or it was stopped)"
+        )
+
+    for number in signals:
+        handler = signal.getsignal(number)
+        if handler is None or handler == signal.SIG_IGN:
+            continue
+        previous[number] = handler
+        signal.signal(number, stop)
+    try:
+        with _WakeMain(tuple(previous)):
+            yield
+    except RunStopped:
+        if not received:
+            raise
+    finally:
+        restore()
+    if received:
+        signum, frame = received[0]
+        handler = previous[signum]
+        if callable(handler):
+            handler(signum, frame)  # Flower's graceful exit ends in sys.exit; Python's raises KeyboardInterrupt
+        else:  # SIG_DFL, restored above: the process ends by the signal, as it would have without us
+            signal.raise_signal(signum)
+        raise RunStopped(f"stopped by {signal.Signals(signum).name}")

@@ -22,7 +22,7 @@ from fedrapp_app.checkpoint import CLIENT_STATE_DIR, SERVER_FILE, ServerCheckpoi
 from fedrapp_app.config import RESUMABLE_KEYS, ConfigError, RunConfig
 from fedrapp_app.errors import describe
 from fedrapp_app.results import RunRecorder, unscored_samples
-from fedrapp_app.runlock import check_writable, run_lock
+from fedrapp_app.runlock import RESUME_WAIT_SECONDS, check_writable, release_on_signal, run_lock
 from fedrapp_app.strategy import ClientRow, PersonalizedPromptStrategy, RoundReport, count_nodes
 
 log = logging.getLogger("flwr.fedrapp")
@@ -163,7 +163,8 @@ def run_server(
     start = time.time()
     run_dir = run_dir_of(config, start)
     check_writable(run_dir, str(config["output-dir"]))  # a ConfigError naming the folder and the fix
-    with run_lock(run_dir):
+    # A resume waits (bounded, saying so) for a holder that is still stopping: the ServerApp of the killed run.
+    with run_lock(run_dir, wait=RESUME_WAIT_SECONDS if config["resume"] else 0.0):
         checkpoint = ServerCheckpoint.load(run_dir) if config["resume"] else None
         if checkpoint is not None:
             _resumable(config, checkpoint)
@@ -338,7 +339,8 @@ def main(grid: Grid, context: Context) -> None:
     if _QUIET not in flower_log.filters:
         flower_log.addFilter(_QUIET)
     try:
-        run_server(grid, dict(context.run_config))
+        with release_on_signal():  # SIGINT/SIGTERM (Flower's when the SuperLink dies): the run folder is freed first
+            run_server(grid, dict(context.run_config))
     except ConfigError as err:
         log.error("%s", one_line(err))
         raise

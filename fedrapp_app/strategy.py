@@ -350,7 +350,10 @@ class PersonalizedPromptStrategy(Strategy):
             self.state.positions[client] = position
         if position >= num_batches:
             self.state.exhausted[client] = True
-        log.info("node %s serves client %d (%d batches, at %d)", node, client, num_batches, position)
+        # Where the client goes on is the server's position (a restarted node reports its own fresh one, 0).
+        resumes = int(self.state.positions[client])
+        at = f"at {resumes}" if resumes == position else f"resumes at {resumes}; its node reported {position}"
+        log.info("node %s serves client %d (%d batches, %s)", node, client, num_batches, at)
 
     # ---------------------------------------------------------------- checkpoints
     def checkpoint(self, token: str, config: dict) -> ServerCheckpoint:
@@ -380,7 +383,9 @@ class PersonalizedPromptStrategy(Strategy):
         st.round = checkpoint.round
         st.rng.bit_generator.state = checkpoint.rng_state
         st.rule_state = {k: v.copy() for k, v in checkpoint.rule_state.items()}
-        log.info("resumed after round %d", st.round)
+        shown = ", ".join(f"{c}: {int(p)}" for c, p in enumerate(st.positions[:16]))
+        more = f", ... ({len(st.positions)} clients)" if len(st.positions) > 16 else ""
+        log.info("resumed after round %d; the clients go on at stream positions {%s%s}", st.round, shown, more)
 
     # ---------------------------------------------------------------- rounds
     def sample(self) -> list[int]:

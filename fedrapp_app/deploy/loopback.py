@@ -7,7 +7,8 @@ process`` and a ``fedrapp-superexec`` next to it (``python -m fedrapp_app.deploy
 stats to ``folder/stats-<client>.jsonl``.
 
 Single parts can be stopped, killed and started again (``stop_node`` / ``start_node``, ``stop_superlink`` /
-``start_superlink``; the SuperLink keeps its port and, with ``database``, its state), and a run can be
+``start_superlink``; the SuperLink keeps its port and, with ``database``, its state; ``crash_superlink`` kills
+the SuperLink's own process only, leaving its ServerApp to notice), and a run can be
 submitted without waiting for it (``submit``): the chaos tests and ``benchmarks/chaos.py`` use that.
 
 Every process gets its own session and is stopped by process group on exit; the environment also carries a
@@ -64,6 +65,25 @@ def descendants(root: int) -> list[int]:
         found += children
         todo += children
     return found
+
+
+def process_name(pid: int) -> str:
+    """What ``pid`` runs, as a short name: the basename of its command's first word that is not the interpreter
+    (``flwr-serverapp``, ``flower-superexec``); '' once it is gone."""
+    try:
+        words = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").split("\0")
+    except OSError:
+        return ""
+    words = [w for w in words if w]
+    if len(words) > 1 and Path(words[0]).name.startswith("python"):
+        words = words[1:]
+    return Path(words[0]).name if words else ""
+
+
+def alive(pid: int) -> bool:
+    """Whether ``pid`` is a live process (a zombie is not)."""
+    fields = stat_fields(pid)
+    return fields is not None and bool(fields) and fields[0] != "Z"
 
 
 def group_members(pgid: int) -> list[int]:
@@ -150,6 +170,17 @@ class Loopback:
         """Signal the SuperLink's process group (its SuperExec and ServerApp included) and wait for it (up to
         ``timeout`` seconds, then SIGTERM and SIGKILL)."""
         self._signal_group("superlink", sig, timeout)
+
+    def crash_superlink(self) -> dict[int, str]:
+        """SIGKILL the SuperLink's own process only, by its PID (not its process group): what the OOM killer or
+        a crash of the SuperLink alone does. Its SuperExec and ServerApp are left to notice on their own; returns
+        them as ``{pid: name}`` (they are reparented, still in the SuperLink's process group, which ``stop``
+        ends)."""
+        link = self.processes["superlink"]
+        below = {pid: process_name(pid) for pid in descendants(link.pid)}
+        os.kill(link.pid, signal.SIGKILL)
+        link.wait()
+        return below
 
     def start_node(self, client: int) -> subprocess.Popen:
         """Start SuperNode ``client`` (again) and, for the warm executor, its ``fedrapp-superexec`` unless that
