@@ -29,7 +29,7 @@ from flwr.common.constant import ErrorCode
 
 from fedrapp_app.attacks import poisoned_upload
 from fedrapp_app.checkpoint import load_client_snapshot, save_client_snapshot
-from fedrapp_app.config import RunConfig, attack_clients
+from fedrapp_app.config import ConfigError, RunConfig, attack_clients
 from fedrapp_app.data import ClientStream, build_client_stream
 from fedrapp_app.engine import PromptedCLIP, load_clip
 from fedrapp_app.engine.devices import current_device_description, device_for_node, set_deterministic
@@ -82,7 +82,7 @@ def client_id_of(node_config: Mapping[str, Any], num_clients: int) -> int:
 def resolved_config(run_config: Mapping[str, Any], message_config: Mapping[str, Any]) -> RunConfig:
     """The validated run config with ``num-clients`` resolved: the run config's own value, or (0 = one client
     per SuperNode) the number the server counted and sends with every message."""
-    config = RunConfig.from_run_config(run_config)
+    config = RunConfig.from_run_config(run_config, with_rule=False)  # the rule runs on the server alone
     if config.num_clients:
         return config
     counted = int(message_config.get("num-clients", 0))
@@ -100,6 +100,7 @@ class ClientSetup:
     stream: ClientStream
     loaded_model: bool  # this call loaded the frozen model (first use in this process)
     device: str = "auto"  # the run config's device, or the SuperNode's own (node config ``device``)
+    own_prompt: bool = False  # the server's rule reads the clients' own-prompt scores (the server says so)
 
     def prompted(self) -> PromptedCLIP:
         """The frozen CLIP with this dataset's class names (loaded once per process)."""
@@ -117,7 +118,7 @@ class ClientSetup:
 
     def method(self, state: dict[str, np.ndarray] | None) -> LocalMethod:
         """The local method, with its persistent ``state`` restored (None: a fresh method)."""
-        name, params = self.config.method_params()
+        name, params = self.config.method_params(own_prompt=self.own_prompt)
         method = make_method(name, params)
         if state is not None:
             method.load_state_dict(state)
@@ -126,12 +127,22 @@ class ClientSetup:
 
 def setup(context: Context, message_config: Mapping[str, Any]) -> ClientSetup:
     """Validate the run config, find this client's id and its stream (cached per process)."""
-    config = resolved_config(context.run_config, message_config)
+    try:
+        config = resolved_config(context.run_config, message_config)
+    except ConfigError as err:  # a method plugin the ServerApp's host has and this node lacks: say which
+        origin = str(message_config.get("method-origin", ""))
+        if not origin or "local method" not in str(err):
+            raise
+        raise ConfigError(
+            f"{err}\n  on the server, local-method {context.run_config.get('local-method')!r} comes from {origin}: "
+            "install that package on this node too (every SuperNode runs the method)"
+        ) from err
     client = client_id_of(context.node_config, config.num_clients)
     overrides = {"data_dir": str(context.node_config["data-dir"])} if "data-dir" in context.node_config else {}
     stream = build_client_stream(config.data_spec(**overrides), client)  # cached by the data layer
     device = device_for_node(str(config["device"]), context.node_config)
-    return ClientSetup(config, client, stream, loaded_model=False, device=device)
+    own_prompt = bool(message_config.get("own-prompt", False))
+    return ClientSetup(config, client, stream, loaded_model=False, device=device, own_prompt=own_prompt)
 
 
 def stream_position(context: Context) -> int:

@@ -68,6 +68,8 @@ class Key:
         return _KIND[type(self.default)] + (f" {bounds}" if bounds else "")
 
 
+#: The server rules and local methods this project registers (pyproject.toml's entry points), for the docs; a run
+#: may name any registered rule or method, plugins included (``fedrapp-list``), or a module:attribute reference.
 STRATEGIES = (
     "fedrapp",
     "none-fed",
@@ -99,12 +101,18 @@ KEYS: tuple[Key, ...] = (
     Key(
         "strategy",
         "fedrapp",
-        "server rule ('domain-oracle': a testbed-only reference that knows the domains)",
-        choices=STRATEGIES,
+        f"server rule: {', '.join(STRATEGIES)} ('domain-oracle': a testbed-only reference that knows the domains), "
+        "a plugin's name (fedrapp-list lists them) or module:attribute (docs/extending.md)",
         group="run",
         everyday=True,
     ),
-    Key("local-method", "adaprompt", "client test-time method", choices=LOCAL_METHODS, group="run", everyday=True),
+    Key(
+        "local-method",
+        "adaprompt",
+        f"client test-time method: {', '.join(LOCAL_METHODS)}, a plugin's name or module:Class",
+        group="run",
+        everyday=True,
+    ),
     Key(
         "seed",
         0,
@@ -283,6 +291,13 @@ KEYS: tuple[Key, ...] = (
         maximum=0.999,
         group="method",
     ),
+    Key(
+        "method-params",
+        "",
+        "parameters of the local method as key=value pairs, e.g. 'lr=0.001 share=0.5' (any method, plugins "
+        "included; fedrapp-list shows each method's parameters); a built-in's own key above may not be given here too",
+        group="method",
+    ),
     # --- server rule (FedRAPP: SPEC §4; the baselines: SPEC §5) -------------------------------------
     Key(
         "lambda-drop",
@@ -353,6 +368,13 @@ KEYS: tuple[Key, ...] = (
     ),
     Key("trimmed-beta", 0.2, "FedTrimmedAvg share cut at each end", minimum=0.0, maximum=0.49, group="server rule"),
     Key("krum-malicious", 1.0, "Krum: number of adversarial clients tolerated", minimum=0.0, group="server rule"),
+    Key(
+        "rule-params",
+        "",
+        "parameters of the strategy's rule as key=value pairs, e.g. 'weight=0.3 mode=\"fast\"' (any rule, plugins "
+        "included; fedrapp-list shows each rule's parameters); a built-in's own key above may not be given here too",
+        group="server rule",
+    ),
     # --- trust (ours: fedrapp_app/aggregation/trust.py) ------------------------------------------------
     Key(
         "trust",
@@ -475,8 +497,9 @@ def _problem(key: str, value: Any, why: str) -> str:
     return f"  {key} = {value!r}: {why} (fix: {override_hint(key)} or edit [tool.flwr.app.config])"
 
 
-def check_values(run_config: Mapping[str, Any]) -> dict[str, Scalar]:
-    """Defaults overlaid with ``run_config``; raise ``ConfigError`` naming every unknown or bad key."""
+def check_values(run_config: Mapping[str, Any], with_rule: bool = True) -> dict[str, Scalar]:
+    """Defaults overlaid with ``run_config``; raise ``ConfigError`` naming every unknown or bad key (the server
+    rule's included unless ``with_rule`` is False)."""
     problems = []
     for name, value in run_config.items():
         key = KEY_BY_NAME.get(name)
@@ -493,7 +516,7 @@ def check_values(run_config: Mapping[str, Any]) -> dict[str, Scalar]:
     values = dict(DEFAULTS)
     for name, value in run_config.items():
         values[name] = float(value) if isinstance(KEY_BY_NAME[name].default, float) else value
-    _check_combinations(values)
+    _check_combinations(values, with_rule)
     return values
 
 
@@ -534,7 +557,7 @@ def _testbed_pool_problems(clients: int, v: Mapping[str, Scalar]) -> list[str]:
     ]
 
 
-def _check_combinations(v: Mapping[str, Scalar]) -> None:
+def _check_combinations(v: Mapping[str, Scalar], with_rule: bool = True) -> None:
     """Contradictions between keys that each look fine alone."""
     problems = []
     clients = int(v["num-clients"])  # 0: one per SuperNode, known once the run starts
@@ -571,7 +594,7 @@ def _check_combinations(v: Mapping[str, Scalar]) -> None:
             f"(fix: {override_hint('strategy', 'fedrapp')}, or drop trust)"
         )
     inert = [k for k in ("trust-memory-target", "trust-peer-target") if v[k] != DEFAULTS[k]]
-    if inert and not _rule_reads_h_own(v):
+    if inert and rule_name(v) != "fedrapp-trust":
         problems.append(  # the fix is another key's value, so not _problem's hint to change this one
             f"  {inert[0]} = {v[inert[0]]!r}: has no effect: FedRAPP's trust option is off (strategy = "
             f"{v['strategy']!r}, trust = {v['trust']}); it needs strategy='fedrapp' and trust = true "
@@ -592,8 +615,108 @@ def _check_combinations(v: Mapping[str, Scalar]) -> None:
         parse_device(str(v["device"]))
     except ValueError:
         problems.append(_problem("device", v["device"], "must be 'auto', 'cpu', 'cuda' or 'cuda:N'"))
+    if not problems:
+        problems.extend(_plugin_problems(v, with_rule))
     if problems:
         raise ConfigError("invalid run config:\n" + "\n".join(problems))
+
+
+def _plugin_problems(v: Mapping[str, Scalar], with_rule: bool = True) -> list[str]:
+    """The rule (unless ``with_rule`` is False) and the method the config names exist here and take the
+    parameters it gives them."""
+    from fedrapp_app.plugins import PluginError
+
+    problems, own_prompt = [], False
+    if with_rule:
+        try:
+            rule = resolve_rule(v)
+            own_prompt = rule.reads_own_prompt
+            if rule.selected_by and v["strategy"] == rule_name(v):
+                problems.append(_problem("strategy", v["strategy"], f"is selected by {rule.selected_by}, not by name"))
+            else:
+                rule_values(v)
+        except (PluginError, ValueError, TypeError) as err:
+            key = "rule-params" if v["rule-params"] and not isinstance(err, PluginError) else "strategy"
+            problems.append(_plugin_problem(key, v[key], err))
+    try:
+        method_values(v, own_prompt)
+    except (PluginError, ValueError, TypeError) as err:
+        key = "method-params" if v["method-params"] and not isinstance(err, PluginError) else "local-method"
+        problems.append(_plugin_problem(key, v[key], err))
+    return problems
+
+
+def _plugin_problem(key: str, value: Any, err: Exception) -> str:
+    """One line for a rule or method problem; the fix hint where the message gives none."""
+    hint = "" if "fix:" in str(err) else f" (fix: {override_hint(key)})"
+    return f"  {key} = {value!r}: {err}{hint}"
+
+
+def rule_name(v: Mapping[str, Scalar]) -> str:
+    """The registry name of the rule the config runs: ``strategy``, or FedRAPP's trust option with trust = true."""
+    return "fedrapp-trust" if v["strategy"] == "fedrapp" and v["trust"] else str(v["strategy"])
+
+
+def resolve_rule(v: Mapping[str, Scalar]):
+    """The :class:`~fedrapp_app.aggregation.Rule` the config runs (``PluginError`` if it is not installed here)."""
+    from fedrapp_app.aggregation import find_rule
+
+    return find_rule(rule_name(v)).target
+
+
+def _merged(own_keys: Mapping[str, str], v: Mapping[str, Scalar], where: str) -> dict[str, Any]:
+    """The parameters a built-in's own keys give (``own_keys``: config key -> parameter) with the ``key=value``
+    pairs of ``v[where]``; a parameter that has a key of its own is refused there."""
+    from fedrapp_app.parameters import parse_assignments
+
+    extra = {k.replace("-", "_"): value for k, value in parse_assignments(str(v[where]), where).items()}
+    for key, param in own_keys.items():
+        if param in extra:
+            raise ValueError(f"{param!r} has a key of its own (fix: {override_hint(key)}, not in {where})")
+    return {**{param: v[key] for key, param in own_keys.items()}, **extra}
+
+
+def rule_values(v: Mapping[str, Scalar], groups: tuple[int, ...] = (0,)) -> dict[str, Any]:
+    """The rule's parameters the config gives (its own keys and ``rule-params``), checked: a ``ValueError`` or
+    ``TypeError`` names the bad one. A reference rule (the domain oracle) also gets ``groups``, the client ->
+    domain map (a placeholder for the checks made before the clients are known)."""
+    from fedrapp_app.parameters import build_params
+
+    name = rule_name(v)
+    rule = resolve_rule(v)
+    values = _merged(RULE_KEYS.get(name, {}), v, "rule-params")
+    if rule.reference:
+        values["groups"] = groups
+    build_params(rule.params, values, f"server rule {name!r}")
+    return values
+
+
+def method_values(v: Mapping[str, Scalar], own_prompt: bool) -> dict[str, Any]:
+    """The local method's parameters the config gives (its own keys, ``csc``, ``method-params``, and own_prompt
+    where the rule or report-own-prompt needs it), checked as :func:`rule_values` does."""
+    from fedrapp_app.methods import find_method
+    from fedrapp_app.parameters import build_params, field_names
+
+    name = str(v["local-method"])
+    spec = find_method(name).target
+    fields = field_names(spec.params)
+    own_keys = dict(METHOD_KEYS.get(name, {}))
+    if v["csc"] and "csc" not in own_keys:
+        if "csc" not in fields:
+            raise ValueError(
+                f"csc = true: this method has no class-specific context (fix: {override_hint('csc', 'false')})"
+            )
+        own_keys["csc"] = "csc"
+    values = _merged(own_keys, v, "method-params")
+    if own_prompt or v["report-own-prompt"]:
+        if "own-prompt" not in fields:
+            raise ValueError(
+                "it cannot score its own last tuned prompt (no own_prompt parameter), which report-own-prompt and "
+                "FedRAPP's trust option need"
+            )
+        values["own_prompt"] = True
+    build_params(spec.params, values, f"local method {name!r}")
+    return values
 
 
 #: Run-config keys of each local method's hyperparameters -> the method's parameter names.
@@ -683,16 +806,20 @@ class RunConfig:
     """A validated run config: ``values`` maps every key (kebab-case) to its value, defaults included."""
 
     values: dict[str, Scalar]
+    with_rule: bool = True  # the server rule was checked too (not where only clients run: see from_run_config)
 
     @classmethod
-    def from_run_config(cls, run_config: Mapping[str, Any]) -> RunConfig:
-        """Validate Flower's ``context.run_config`` (or any mapping of overrides); raise ``ConfigError``."""
-        values = check_values(run_config)
-        config = cls(values)
+    def from_run_config(cls, run_config: Mapping[str, Any], with_rule: bool = True) -> RunConfig:
+        """Validate Flower's ``context.run_config`` (or any mapping of overrides); raise ``ConfigError``.
+
+        ``with_rule = False`` leaves the server rule out of the checks: a ClientApp does not run it, and a rule
+        plugin need only be installed where the ServerApp runs (docs/extending.md)."""
+        values = check_values(run_config, with_rule)
+        config = cls(values, with_rule)
         # The data layer checks its own combinations (domains, sources) here, cheaply, and the domain oracle
         # its domain map; with one client per SuperNode (0), on one client until the run has counted them.
         spec = config.data_spec(num_clients=config.num_clients or 1)
-        if values["strategy"] == "domain-oracle":
+        if with_rule and resolve_rule(values).reference:
             _domain_groups(spec)
         return config
 
@@ -703,32 +830,28 @@ class RunConfig:
 
     def with_num_clients(self, num_clients: int) -> RunConfig:
         """This config with ``num-clients`` resolved (e.g. to the SuperNodes of the run), validated again."""
-        return RunConfig.from_run_config({**self.values, "num-clients": int(num_clients)})
+        return RunConfig.from_run_config({**self.values, "num-clients": int(num_clients)}, self.with_rule)
 
     def __getitem__(self, key: str) -> Scalar:
         return self.values[key]
 
-    def method_params(self) -> tuple[str, dict[str, Scalar]]:
-        """Name and hyperparameters of the local method."""
-        name = str(self.values["local-method"])
-        params = {param: self.values[key] for key, param in METHOD_KEYS[name].items()}
-        if self.reports_own_prompt:
-            params["own_prompt"] = True
-        return name, params
+    def method_params(self, own_prompt: bool | None = None) -> tuple[str, dict[str, Any]]:
+        """Name and hyperparameters of the local method (a registered name or module:Class); ``own_prompt``:
+        whether it scores its own last tuned prompt (default: :attr:`reports_own_prompt`; a client is told by
+        the server, which knows the rule)."""
+        own = self.reports_own_prompt if own_prompt is None else own_prompt
+        return str(self.values["local-method"]), method_values(self.values, own)
 
     @property
     def reports_own_prompt(self) -> bool:
         """Whether clients score their own last tuned prompt on each batch (H_own): asked for, or read by the
         server rule (FedRAPP's trust option)."""
-        return bool(self.values["report-own-prompt"]) or _rule_reads_h_own(self.values)
+        return bool(self.values["report-own-prompt"]) or resolve_rule(self.values).reads_own_prompt
 
     def rule_params(self) -> tuple[str, dict[str, Any]]:
-        """Name and hyperparameters of the server rule."""
-        name = "fedrapp-trust" if _rule_reads_h_own(self.values) else str(self.values["strategy"])
-        params: dict[str, Any] = {param: self.values[key] for key, param in RULE_KEYS[name].items()}
-        if name == "domain-oracle":
-            params["groups"] = self.domain_groups()
-        return name, params
+        """Registry name and hyperparameters of the server rule."""
+        reference = resolve_rule(self.values).reference
+        return rule_name(self.values), rule_values(self.values, self.domain_groups() if reference else (0,))
 
     def domain_groups(self) -> tuple[int, ...]:
         """Each client's shift-domain index (testbed only); ``ConfigError`` where no domain map exists."""
@@ -754,11 +877,6 @@ class RunConfig:
         v = self.values
         model = str(v["model"]).rstrip("/").split("/")[-1]
         return f"{v['dataset']}-{model}-{v['local-method']}-{v['strategy']}-seed{v['seed']}"
-
-
-def _rule_reads_h_own(values: Mapping[str, Scalar]) -> bool:
-    """FedRAPP's trust option (ours) is on: the rule reads each client's H_own."""
-    return values["strategy"] == "fedrapp" and bool(values.get("trust", False))
 
 
 def _domain_groups(spec) -> tuple[int, ...]:

@@ -21,6 +21,7 @@ from flwr.serverapp import Grid, ServerApp
 from fedrapp_app.checkpoint import CLIENT_STATE_DIR, SERVER_FILE, ServerCheckpoint, new_run_token
 from fedrapp_app.config import RESUMABLE_KEYS, ConfigError, RunConfig
 from fedrapp_app.errors import describe
+from fedrapp_app.methods import find_method
 from fedrapp_app.results import RunRecorder, unscored_samples
 from fedrapp_app.runlock import RESUME_WAIT_SECONDS, check_writable, release_on_signal, run_lock
 from fedrapp_app.strategy import ClientRow, PersonalizedPromptStrategy, RoundReport, count_nodes
@@ -29,6 +30,8 @@ log = logging.getLogger("flwr.fedrapp")
 
 #: Consecutive rounds without a single valid reply after which the run stops (an error if nothing was scored).
 MAX_IDLE_ROUNDS = 3
+#: Consecutive rounds whose server rule failed after which the run fails (a plugin rule that never works).
+MAX_RULE_FAILURES = 3
 
 
 def run_dir_of(config: RunConfig, start: float | None = None) -> Path:
@@ -88,6 +91,8 @@ def _row(row: ClientRow, report: RoundReport) -> dict[str, Any]:
         out.update(h_probe=u.h_probe, hm_probe=u.hm_probe)
         if "correct-probe" in report_metrics:
             out["acc_probe"] = int(report_metrics.pop("correct-probe")) / u.num_examples
+    if report.rule_error:
+        out["rule_error"] = report.rule_error
     if report.output is not None:
         d = report.output.diagnostics
         peers, rest = top_peers(d.peer_weights[c])
@@ -217,6 +222,8 @@ def _run_rounds(
             "run-token": token,
             "state-dir": str(recorder.run_dir / CLIENT_STATE_DIR),
             "server-host": socket.gethostname(),
+            "own-prompt": config.reports_own_prompt,  # the clients do not need the rule to know
+            "method-origin": find_method(str(config["local-method"])).origin,  # named by a node that lacks it
         },
     )
     strategy.summary()
@@ -230,7 +237,7 @@ def _run_rounds(
     checkpoint_seconds = 0.0
 
     max_rounds = int(config["num-rounds"]) or None
-    round_number, idle = strategy.state.round, 0
+    round_number, idle, rule_failures = strategy.state.round, 0, 0
     stopped = ""
     while not strategy.finished and (max_rounds is None or round_number < max_rounds):
         round_number += 1
@@ -254,6 +261,9 @@ def _run_rounds(
         if on_round is not None:
             on_round(round_number, strategy)
         idle = 0 if any(r.status in ("ok", "exhausted", "skipped") for r in report.rows) else idle + 1
+        rule_failures = rule_failures + 1 if report.rule_error else 0
+        if rule_failures >= MAX_RULE_FAILURES:
+            raise RuntimeError(f"the server rule failed in {rule_failures} rounds in a row: {report.rule_error}")
         if idle >= MAX_IDLE_ROUNDS:
             break
 

@@ -30,11 +30,11 @@ from flwr.common.constant import ErrorCode
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Strategy
 
-from fedrapp_app.aggregation import make_rule
+from fedrapp_app.aggregation import check_output, make_rule
 from fedrapp_app.aggregation.common import PROBE as PROBE_STATE
 from fedrapp_app.aggregation.common import RoundOutput
 from fedrapp_app.checkpoint import ServerCheckpoint
-from fedrapp_app.errors import clean_reason
+from fedrapp_app.errors import clean_reason, describe
 from fedrapp_app.records import (
     CONFIG,
     INFO,
@@ -57,6 +57,10 @@ log = logging.getLogger("flwr.fedrapp.strategy")
 #: With num-clients = 0, the node count must stay the same this long before it is taken as the federation size
 #: (simulated nodes register within milliseconds; a SuperNode polls every 3 s).
 NODE_SETTLE_SECONDS = 3.0
+
+
+class RuleFailed(RuntimeError):
+    """The server rule raised, or returned what the server cannot store (wrong shapes, non-finite values)."""
 
 
 class ClientTaken(RejectedReply):
@@ -124,6 +128,7 @@ class RoundReport:
     output: RoundOutput | None
     seconds: float
     aggregate_seconds: float
+    rule_error: str = ""  # the server rule raised or returned what the server cannot store: the state is unchanged
 
 
 def count_nodes(grid: Grid, min_nodes: int, timeout: float, settle: float = NODE_SETTLE_SECONDS) -> int:
@@ -211,6 +216,8 @@ class PersonalizedPromptStrategy(Strategy):
         self.seed = seed
         self.max_norm_ratio = max_norm_ratio
         self.client_config = dict(client_config or {})
+        #: what a query (discovery) message tells a client besides seed and num-clients: where its method comes from
+        self.query_config = {k: v for k, v in self.client_config.items() if k == "method-origin"}
         self.node_of: dict[int, int] = {}  # client id -> node id
         self.shapes: list[tuple[int, ...]] | None = None
         self.p0: np.ndarray | None = None
@@ -271,7 +278,9 @@ class PersonalizedPromptStrategy(Strategy):
             return set(connected)
         queries = [
             Message(
-                RecordDict({CONFIG: ConfigRecord({"seed": self.seed, "num-clients": self.num_clients})}),
+                RecordDict(
+                    {CONFIG: ConfigRecord({"seed": self.seed, "num-clients": self.num_clients, **self.query_config})}
+                ),
                 dst_node_id=n,
                 message_type=MessageType.QUERY,
             )
@@ -470,7 +479,12 @@ class PersonalizedPromptStrategy(Strategy):
 
         uploads = [r.upload for r in rows.values() if r.upload is not None]
         t0 = time.monotonic()
-        output = self._apply_rule(uploads) if uploads else None
+        output, rule_error = None, ""
+        try:
+            output = self._apply_rule(uploads) if uploads else None
+        except RuleFailed as err:
+            rule_error = str(err)
+            log.error("round %d: %s", server_round, rule_error)
         aggregate_seconds = time.monotonic() - t0
         self.state.round = server_round
         self.last_report = RoundReport(
@@ -479,6 +493,7 @@ class PersonalizedPromptStrategy(Strategy):
             output,
             time.monotonic() - self._round_start,
             aggregate_seconds,
+            rule_error,
         )
         metrics = MetricRecord({"replied": len(uploads), "sampled": len(rows)})
         return None, metrics
@@ -534,9 +549,17 @@ class PersonalizedPromptStrategy(Strategy):
             for name in OWN_PROMPT_FIELDS:
                 value = getattr(u, name)
                 own[name][u.client_id] = np.nan if value is None else value
-        output = self.rule(
-            tuned, state.sent, state.memory, h_pre, h_post, replied, num_examples, own=own, state=state.rule_state
-        )
+        try:
+            # copies: a rule that writes into its inputs and then fails must not have touched the server state
+            rule_state = {k: v.copy() for k, v in state.rule_state.items()}
+            sent, memory = state.sent.copy(), state.memory.copy()
+            output = self.rule(tuned, sent, memory, h_pre, h_post, replied, num_examples, own=own, state=rule_state)
+            check_output(output, n, tuned.shape[1])
+        except Exception as err:  # a rule (a plugin's too) may fail in any way: the round goes on without it
+            raise RuleFailed(
+                f"server rule {self.rule.name!r} ({self.rule.origin or 'no origin'}) failed: {describe(err)}; the "
+                "server state is unchanged and every client is sent again what it was sent"
+            ) from err
         state.memory = np.asarray(output.memory, dtype=np.float32)
         state.sent = np.asarray(output.personalized, dtype=np.float32)
         state.rule_state = {k: np.array(v) for k, v in output.state.items()}
@@ -556,10 +579,11 @@ class PersonalizedPromptStrategy(Strategy):
     def summary(self) -> None:
         """Log the strategy's settings."""
         log.info(
-            "PersonalizedPromptStrategy: %s, clients=%d, fraction=%g, min-nodes=%d, seed=%d",
+            "PersonalizedPromptStrategy: %s, clients=%d, fraction=%g, min-nodes=%d, seed=%d; rule from %s",
             self.rule.summary(),
             self.num_clients,
             self.fraction,
             self.min_nodes,
             self.seed,
+            self.rule.origin,
         )

@@ -37,16 +37,18 @@ def small_run(model_dir: Path, out_dir: Path, **overrides: Any) -> dict[str, Any
 
 
 class SpyGrid(InProcessGrid):
-    """An in-process grid that keeps every train message's prompt (and probe, where there is one), per round and
-    destination node."""
+    """An in-process grid that keeps every message it was given, and every train message's prompt (and probe,
+    where there is one), per round and destination node."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
+        self.messages: list[Message] = []  # every message pushed, in order
         self.sent: dict[tuple[int, int], np.ndarray] = {}  # (round, node) -> flattened prompt
         self.probes: dict[tuple[int, int], np.ndarray] = {}  # the same for the probes (FedRAPP's trust probe)
 
     def push_messages(self, messages):
         messages = list(messages)
+        self.messages.extend(messages)
         for m in messages:
             if m.metadata.message_type == "train":
                 key = (int(m.metadata.group_id), m.metadata.dst_node_id)

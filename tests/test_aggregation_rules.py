@@ -11,14 +11,20 @@ from hypothesis import strategies as st
 
 from fedrapp_app.aggregation import (
     ABLATIONS,
-    PARAMS,
-    RULES,
+    BUILT_IN,
     FedRAPPParams,
+    Rule,
     fedrapp_round,
+    find_rule,
     make_params,
     make_rule,
+    rules,
     synthetic_round,
 )
+from fedrapp_app.plugins import PluginError
+
+#: This project's rules, as the registry finds them (its pyproject.toml's entry points).
+RULES = {name: find_rule(name).target for name in BUILT_IN}
 
 # The global rules send one prompt to all; so does domain-oracle without a domain map (one domain).
 GLOBAL_RULES = ("fedavg", "fedmedian", "fedtrimmedavg", "krum", "domain-oracle")
@@ -112,26 +118,15 @@ def test_make_rule_binds_the_params_and_gives_the_same_result_as_the_function() 
     assert np.array_equal(ours.personalized, direct.personalized)
 
 
-def test_every_rule_has_params_and_every_ablation_is_valid() -> None:
-    assert (
-        set(RULES)
-        == set(PARAMS)
-        == {
-            "fedrapp",
-            "fedrapp-trust",
-            "none-fed",
-            "fedavg",
-            "fedamp",
-            "fedamp-cos",
-            "fedmedian",
-            "fedtrimmedavg",
-            "krum",
-            "domain-oracle",
-        }
-    )
-    for name in RULES:
-        overrides = {"groups": (0, 1)} if name == "domain-oracle" else None  # its domain map is required
-        assert isinstance(make_params(name, overrides), PARAMS[name])
+def test_every_built_in_rule_is_registered_with_its_params_and_every_ablation_is_valid() -> None:
+    assert set(BUILT_IN) <= set(rules())
+    assert all(isinstance(rule, Rule) for rule in RULES.values())
+    for name, rule in RULES.items():
+        overrides = {"groups": (0, 1)} if rule.reference else None  # the domain oracle's map is required
+        assert isinstance(make_params(name, overrides), rule.params)
+        assert make_rule(name, overrides).origin.startswith("fedrapp ")  # this package's entry point
+    assert [name for name, rule in RULES.items() if rule.reference] == ["domain-oracle"]
+    assert [name for name, rule in RULES.items() if rule.stateful] == ["fedrapp-trust"]
     for overrides in ABLATIONS.values():
         make_params("fedrapp", overrides)
 
@@ -144,13 +139,10 @@ def test_integers_from_a_config_become_floats() -> None:
 @pytest.mark.parametrize(
     ("name", "overrides", "error", "match"),
     [
-        (
-            "fedprox",
-            {},
-            ValueError,
-            "unknown server rule 'fedprox'; allowed: fedrapp, fedrapp-trust, none-fed, fedavg, fedamp",
-        ),
-        ("fedrapp", {"temperature": 1}, ValueError, "unknown parameter 'temperature'.*allowed: lambda_drop"),
+        ("fedprox", {}, PluginError, "unknown server rule 'fedprox'; installed: domain-oracle, fedamp, fedamp-cos"),
+        ("no_such_module:rule", {}, PluginError, "cannot import module 'no_such_module'.*PYTHONPATH"),
+        ("numpy:pi", {}, PluginError, "is a float, not a Rule or a round function"),
+        ("fedrapp", {"temperature": 1}, ValueError, "unknown parameter 'temperature'.*allowed: lambda-drop"),
         (
             "fedavg",
             {"sigma": 1},
@@ -176,8 +168,8 @@ def test_integers_from_a_config_become_floats() -> None:
             ValueError,
             r"lambda_ent = -1.0 is outside its allowed range \[0, inf\)",
         ),
-        ("fedrapp", {"tau": True}, TypeError, "tau must be a real number, got True"),
-        ("fedamp", {"sigma": "1"}, TypeError, "sigma must be a real number, got '1'"),
+        ("fedrapp", {"tau": True}, ValueError, "parameter 'tau' expects a float, got True"),
+        ("fedamp", {"sigma": "1"}, ValueError, "parameter 'sigma' expects a float, got '1'"),
         ("fedamp", {"min_self_weight": 2}, ValueError, "min_self_weight = 2.0 is outside"),
         ("fedamp-cos", {"self_weight": -0.1}, ValueError, "self_weight = -0.1 is outside"),
     ],

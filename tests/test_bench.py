@@ -55,7 +55,7 @@ def two_cells(model: Path, out: Path) -> dict:
 def test_bad_run_config_values_fail_with_the_run_configs_message():
     with pytest.raises(BenchError, match=r"(?s)base: .*mu-0 = 0.2: unknown key \(did you mean 'mu0'\?\)"):
         parse_bench({"base": {"mu-0": 0.2}, "grids": {"g": {"axes": {"seed": [0]}}}})
-    with pytest.raises(BenchError, match=r"(?s)cell fedx/0: .*strategy = 'fedx': must be one of"):
+    with pytest.raises(BenchError, match=r"(?s)cell fedx/0: .*strategy = 'fedx': unknown server rule 'fedx'"):
         parse_bench({"grids": {"g": {"axes": {"strategy": ["fedx"], "seed": [0]}}}})
     with pytest.raises(BenchError, match=r"(?s)cell bad: .*eta = -1.0: must be >= 0"):
         parse_bench({"grids": {"g": {"compare": ["v"], "axes": {"v": {"bad": {"eta": -1.0}}}}}})

@@ -63,8 +63,8 @@ def test_config_values_reach_the_method_and_the_rule():
 @pytest.mark.parametrize(
     ("overrides", "key", "hint"),
     [
-        ({"strategy": "fedprox"}, "strategy", "one of 'fedrapp'"),
-        ({"local-method": "tent"}, "local-method", "one of"),
+        ({"strategy": "fedprox"}, "strategy", "installed: domain-oracle, fedamp"),
+        ({"local-method": "tent"}, "local-method", "installed: adaprompt, im"),
         ({"num-clients": -1}, "num-clients", ">= 0"),
         ({"num-clients": 2.5}, "num-clients", "must be an integer"),
         ({"fraction": 0.0}, "fraction", "> 0.0"),

@@ -343,7 +343,7 @@ def test_fedrapp_sim_refuses_bad_input_in_seconds_with_one_message(tmp_path):
     cases = [
         (["-c", f"model='{tmp_path / 'nope'}'"], "no such folder"),
         (["-c", "num-clients=900"], "testbed pool"),
-        (["-c", "strategy=fedvag"], "must be one of"),
+        (["-c", "strategy=fedvag"], "did you mean 'fedavg'"),
     ]
     typo = tmp_path / "typo.toml"
     typo.write_text("num-client = 4\n")

@@ -77,17 +77,19 @@ def test_flwr_run_via_launcher_completes_and_writes_results(testbed_tiny, tmp_pa
 
 
 def test_launcher_reports_a_failed_run_and_refuses_a_bad_config(testbed_tiny, tmp_path):
-    broken = tmp_path / "broken-model"  # a CLIP config.json without weights: it passes the checks, fails to load
-    shutil.copytree(testbed_tiny, broken)
+    broken = tmp_path / "broken-model"  # a CLIP checkpoint whose weights file is garbage: it passes the checks
+    shutil.copytree(testbed_tiny, broken)  # (which look for the files, not inside them) and fails to load
     for weights in broken.glob("*.safetensors"):
-        weights.unlink()
+        weights.write_bytes(b"not a safetensors file")
     bad_model = small_run(broken, tmp_path / "out", **{"node-wait-timeout": 60.0})
     failed = _fedrapp_sim(["-c", _as_overrides(bad_model)], tmp_path / "flwr-home")
     assert failed.returncode == 1, failed.stdout[-2000:]
-    assert "the run failed: RuntimeError: no ClientApp could start; all 3 node(s) reported: OSError" in failed.stderr
+    assert "the run failed: RuntimeError: no ClientApp could start; all 3 node(s) reported: SafetensorError" in (
+        failed.stderr
+    )
     assert "\x1b[" not in failed.stdout + failed.stderr  # no colour codes in redirected output
     summary = json.loads((tmp_path / "out" / "run" / "summary.json").read_text())
-    assert summary["status"] == "failed" and "OSError" in summary["error"]
+    assert summary["status"] == "failed" and "SafetensorError" in summary["error"]
     refused = _fedrapp_sim(["-c", "dirichlet-alpha=-1.0"], tmp_path / "flwr-home")
     assert refused.returncode == 2 and "dirichlet-alpha" in refused.stderr
 
@@ -278,3 +280,38 @@ def test_simulation_on_an_existing_ray_cluster_places_clients_on_both_nodes(test
         stop_marked(marker, grace=5.0, variable="FEDRAPP_TEST_MARK", cwd=ray_tmp)
         shutil.rmtree(ray_tmp, ignore_errors=True)
     assert not marked_pids(marker, "FEDRAPP_TEST_MARK", ray_tmp)
+
+
+def test_the_example_plugins_run_through_fedrapp_sim_and_plain_flwr_run(testbed_tiny, tmp_path):
+    """The rule and the method of examples/ (installed as the README's test command installs them), by their
+    entry-point names, with a parameter each: through fedrapp-sim, and through plain `flwr run` on Flower's own
+    SuperLink and its default 2 SuperNodes."""
+    plugins = {"strategy": "mean-mix", "rule-params": "weight=0.3", "local-method": "confident-half"}
+    config = small_run(testbed_tiny, tmp_path / "sim", **{"num-rounds": 2}, **plugins)
+    done = _fedrapp_sim(["-c", _as_overrides(config)], tmp_path / "flwr-home")
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    summary = json.loads((tmp_path / "sim" / "run" / "summary.json").read_text())
+    assert summary["complete"] and summary["rounds"] == 2 and summary["config"]["strategy"] == "mean-mix"
+    rows = read_rows(tmp_path / "sim" / "run")
+    assert all(r["status"] == "ok" and r["gamma"] > 0 for r in rows)  # mixed by the plugin rule
+    assert all(r["client_metrics"]["stat-loss"] > 0 for r in rows)  # adapted by the plugin method
+
+    marker = "plain-" + uuid.uuid4().hex
+    env = {**contained_env(tmp_path / "plain-home"), LAUNCH_ID_ENV: marker}
+    plain = {k: v for k, v in small_run(testbed_tiny, tmp_path / "plain").items() if k != "num-clients"}
+    try:
+        subprocess.run(
+            ["flwr", "run", ".", "--stream", "-c", _as_overrides({**plain, "num-rounds": 2, **plugins})],
+            cwd=ROOT,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
+        status = run_status(env, tmp_path, "local")
+    finally:
+        stop_marked(marker)  # Flower leaves its local SuperLink running
+    assert status["status"] == "finished:completed", status
+    summary = json.loads((tmp_path / "plain" / "run" / "summary.json").read_text())
+    assert summary["complete"] and summary["num_clients"] == 2 and summary["config"]["local-method"] == "confident-half"
+    assert not marked_pids(marker)

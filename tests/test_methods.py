@@ -8,7 +8,8 @@ import torch
 import torch.nn.functional as F
 from conftest import TINY_CLASSNAMES
 
-from fedrapp_app.methods import METHODS, AdaPromptParams, ConfidenceBuffer, TPTParams, make_method
+from fedrapp_app.methods import BUILT_IN as METHODS
+from fedrapp_app.methods import AdaPromptParams, ConfidenceBuffer, TPTParams, make_method
 from fedrapp_app.methods.tpt import confident_views, marginal_entropy, tpt_loss
 
 
@@ -27,7 +28,7 @@ def run_rounds(method, pclip, pixel_batches, prompt, first_round=0):
 def test_make_method_builds_every_registered_method_and_names_bad_input():
     for name in METHODS:
         assert make_method(name).name == name
-    with pytest.raises(ValueError, match="choose one of.*adaprompt"):
+    with pytest.raises(ValueError, match="unknown local method 'tent'; installed: adaprompt, im"):
         make_method("tent")
     with pytest.raises(ValueError, match="allowed: init-text, n-views"):
         make_method("tpt", {"n-view": 3})

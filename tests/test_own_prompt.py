@@ -9,7 +9,8 @@ import torch
 from flwr.app import MetricRecord, RecordDict
 
 from fedrapp_app.config import RunConfig
-from fedrapp_app.methods import METHODS, make_method
+from fedrapp_app.methods import BUILT_IN as METHODS
+from fedrapp_app.methods import make_method
 from fedrapp_app.methods.base import OwnPrompt, batch_marginal_entropy, mean_entropy, neighbour_votes
 from fedrapp_app.records import METRICS, PROMPT, RejectedReply, parse_train_reply, prompt_to_record
 

@@ -1,6 +1,7 @@
-"""Server rules as pure numpy functions (SPEC §4–5), and the registry that builds them from config.
+"""Server rules as pure numpy functions (SPEC §4–5), and the registry that finds them (entry points) and binds
+their parameters from config.
 
->>> rule = make_rule("fedrapp", {"gamma0": 0.2})
+>>> rule = make_rule("fedrapp", {"gamma0": 0.2})  # a registered name (built-in or plugin) or module:attribute
 >>> out = rule(tuned, sent, memory, h_pre, h_post, replied, num_examples)  # doctest: +SKIP
 >>> out.personalized  # [N, d] float32: what each client is sent next  # doctest: +SKIP
 """
@@ -8,11 +9,12 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass
 from typing import Any
 
 from numpy.typing import ArrayLike
 
+from fedrapp_app import plugins
 from fedrapp_app.aggregation.baselines import (
     FedAMPCosParams,
     FedAMPParams,
@@ -23,7 +25,26 @@ from fedrapp_app.aggregation.baselines import (
     fedavg_round,
     none_fed_round,
 )
-from fedrapp_app.aggregation.common import Diagnostics, RoundOutput, RoundRule, RuleParams, synthetic_round
+from fedrapp_app.aggregation.common import (
+    NON_NEGATIVE,
+    POSITIVE,
+    UNIT,
+    Diagnostics,
+    Interval,
+    NoParams,
+    RoundInputs,
+    RoundOutput,
+    RoundRule,
+    Rule,
+    RuleParams,
+    check_output,
+    param,
+    peer_mixing_round,
+    rule,
+    send_to_everyone,
+    synthetic_round,
+    validate_round,
+)
 from fedrapp_app.aggregation.fedrapp import ABLATIONS, FedRAPPParams, fedrapp_round
 from fedrapp_app.aggregation.oracle import DomainOracleParams, domain_oracle_round
 from fedrapp_app.aggregation.robust import (
@@ -35,100 +56,98 @@ from fedrapp_app.aggregation.robust import (
     krum_round,
 )
 from fedrapp_app.aggregation.trust import TrustParams, trusted_round
+from fedrapp_app.parameters import build_params
+from fedrapp_app.plugins import Found, PluginError
 
 __all__ = [
-    "krum_round",
-    "fedtrimmedavg_round",
-    "fedmedian_round",
-    "KrumParams",
-    "FedTrimmedAvgParams",
-    "FedMedianParams",
     "ABLATIONS",
-    "PARAMS",
-    "REFERENCES",
-    "RULES",
-    "STATEFUL",
+    "NON_NEGATIVE",
+    "POSITIVE",
+    "UNIT",
+    "Interval",
+    "BUILT_IN",
     "BoundRule",
     "Diagnostics",
     "DomainOracleParams",
     "FedAMPCosParams",
     "FedAMPParams",
     "FedAvgParams",
+    "FedMedianParams",
     "FedRAPPParams",
+    "FedTrimmedAvgParams",
+    "KrumParams",
+    "NoParams",
     "NoneFedParams",
+    "RoundInputs",
     "RoundOutput",
     "RoundRule",
+    "Rule",
     "RuleParams",
     "TrustParams",
+    "check_output",
     "domain_oracle_round",
     "fedamp_cos_round",
     "fedamp_round",
     "fedavg_round",
+    "fedmedian_round",
     "fedrapp_round",
+    "fedtrimmedavg_round",
+    "find_rule",
+    "krum_round",
     "make_params",
     "make_rule",
     "none_fed_round",
+    "param",
+    "peer_mixing_round",
+    "rule",
+    "rules",
+    "send_to_everyone",
     "synthetic_round",
     "trusted_round",
+    "validate_round",
 ]
 
-RULES: dict[str, RoundRule] = {
-    "fedrapp": fedrapp_round,
-    "fedrapp-trust": trusted_round,  # FedRAPP with its trust option (ours): strategy = "fedrapp", trust = true
-    "none-fed": none_fed_round,
-    "fedavg": fedavg_round,
-    "fedamp": fedamp_round,
-    "fedamp-cos": fedamp_cos_round,
-    "fedmedian": fedmedian_round,
-    "fedtrimmedavg": fedtrimmedavg_round,
-    "krum": krum_round,
-    "domain-oracle": domain_oracle_round,  # a reference with privileged information, not a deployable rule
-}
 
-PARAMS: dict[str, type[RuleParams]] = {
-    "fedrapp": FedRAPPParams,
-    "fedrapp-trust": TrustParams,
-    "none-fed": NoneFedParams,
-    "fedavg": FedAvgParams,
-    "fedamp": FedAMPParams,
-    "fedamp-cos": FedAMPCosParams,
-    "fedmedian": FedMedianParams,
-    "fedtrimmedavg": FedTrimmedAvgParams,
-    "krum": KrumParams,
-    "domain-oracle": DomainOracleParams,
-}
-
-#: Rules that use information a real deployment does not have; every table marks them as references.
-REFERENCES = frozenset({"domain-oracle"})
-
-#: Rules that take the keyword inputs ``state`` (what the rule carried from its previous round, ``RoundOutput.state``)
-#: and the clients' reports about their own last tuned prompt (``trust.OwnPromptReports``'s fields, NaN where none).
-STATEFUL = frozenset({"fedrapp-trust"})
+def find_rule(name: str) -> Found:
+    """The registered rule ``name`` (entry-point group ``fedrapp.rules``) or a ``module:attribute`` reference, as
+    a :class:`~fedrapp_app.plugins.Found` whose ``target`` is a :class:`Rule` (a bare round function is taken as
+    a rule without parameters). Raises ``PluginError`` naming the plugin and the fix."""
+    found = plugins.find(plugins.RULES, name)
+    target = found.target
+    if not isinstance(target, Rule):
+        if not callable(target):
+            raise PluginError(
+                f"server rule {name!r} from {found.origin} is a {type(target).__name__}, not a Rule or a round "
+                "function (see docs/extending.md)"
+            )
+        target = Rule(target, summary=(target.__doc__ or "").strip().split("\n")[0])
+    return Found(found.name, target, found.origin, found.package)
 
 
-def _check_name(name: str) -> str:
-    if name not in RULES:
-        raise ValueError(f"unknown server rule {name!r}; allowed: {', '.join(RULES)}")
-    return name
+def rules() -> dict[str, Rule]:
+    """Every registered rule by name (built-ins and installed plugins), loaded."""
+    return {name: find_rule(name).target for name in plugins.names(plugins.RULES)}
 
 
-def make_params(name: str, overrides: Mapping[str, Any] | None = None) -> RuleParams:
-    """Hyperparameters of rule ``name``: the SPEC defaults with ``overrides`` applied, range-checked.
+#: The rules registered by this project (its pyproject.toml's entry points), for docs and help texts.
+BUILT_IN = (
+    "fedrapp",
+    "none-fed",
+    "fedavg",
+    "fedamp",
+    "fedamp-cos",
+    "fedmedian",
+    "fedtrimmedavg",
+    "krum",
+    "domain-oracle",
+    "fedrapp-trust",
+)
 
-    Keys may be snake_case (``gamma_max``) or kebab-case (``gamma-max``, as in a Flower run config).
-    """
-    cls = PARAMS[_check_name(name)]
-    allowed = [f.name for f in fields(cls)]  # type: ignore[arg-type]
-    values: dict[str, Any] = {}
-    for key, value in (overrides or {}).items():
-        field_name = str(key).replace("-", "_")
-        if field_name not in allowed:
-            listing = ", ".join(allowed) if allowed else "none"
-            raise ValueError(f"unknown parameter {key!r} for server rule {name!r}; allowed: {listing}")
-        if field_name in values:
-            raise ValueError(f"parameter {field_name!r} of server rule {name!r} is given twice")
-        values[field_name] = value
-    return cls(**values)
+
+def make_params(name: str, overrides: Mapping[str, Any] | None = None) -> Any:
+    """Hyperparameters of rule ``name``: its defaults with ``overrides`` applied (kebab- or snake-case keys),
+    type- and range-checked (``ValueError`` naming the key, what is allowed and the fix)."""
+    return build_params(find_rule(name).target.params, overrides, f"server rule {name!r}")
 
 
 @dataclass(frozen=True)
@@ -136,7 +155,9 @@ class BoundRule:
     """A server rule with its hyperparameters bound; call it with the seven round arrays."""
 
     name: str
-    params: RuleParams
+    rule: Rule
+    params: Any
+    origin: str = ""
 
     def __call__(
         self,
@@ -152,19 +173,20 @@ class BoundRule:
         state: Mapping[str, ArrayLike] | None = None,
     ) -> RoundOutput:
         """The rule on one round; ``own`` (``trust.OwnPromptReports``'s fields [N], NaN where not reported) and
-        ``state`` reach only the rules in :data:`STATEFUL`."""
-        rule = RULES[self.name]
-        if self.name in STATEFUL:
-            return rule(  # type: ignore[call-arg]
+        ``state`` reach only a stateful rule."""
+        if self.rule.stateful:
+            return self.rule(
                 tuned, sent, memory, h_pre, h_post, replied, num_examples, self.params, **(own or {}), state=state
             )
-        return rule(tuned, sent, memory, h_pre, h_post, replied, num_examples, self.params)
+        return self.rule(tuned, sent, memory, h_pre, h_post, replied, num_examples, self.params)
 
     def summary(self) -> dict[str, Any]:
         """The rule's name and every hyperparameter, for the run log."""
-        return {"rule": self.name, **asdict(self.params)}  # type: ignore[call-overload]
+        return {"rule": self.name, **asdict(self.params)}
 
 
 def make_rule(name: str, overrides: Mapping[str, Any] | None = None) -> BoundRule:
-    """Rule ``name`` (one of :data:`RULES`) bound to :func:`make_params` ``(name, overrides)``."""
-    return BoundRule(name, make_params(name, overrides))
+    """Rule ``name`` (see :func:`find_rule`) bound to :func:`make_params` ``(name, overrides)``."""
+    found = find_rule(name)
+    params = build_params(found.target.params, overrides, f"server rule {name!r}")
+    return BoundRule(name, found.target, params, found.origin)

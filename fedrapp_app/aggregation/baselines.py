@@ -14,7 +14,6 @@ none-fed, the global prompt for fedavg, the message u_i for fedamp.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -23,20 +22,17 @@ from numpy.typing import ArrayLike, NDArray
 from fedrapp_app.aggregation.common import (
     POSITIVE,
     UNIT,
-    Diagnostics,
-    RoundInputs,
     RoundOutput,
+    Rule,
     RuleParams,
     keep_rows,
+    mixing_diagnostics,
     param,
-    split_mixing,
+    peer_mixing_round,
+    send_to_everyone,
     unchanged_round,
-    update_norms,
     validate_round,
 )
-
-#: ``Diagnostics.informative`` of the baselines uses FedRAPP's default threshold, for comparable logs.
-MIN_UPDATE_NORM = 1e-8
 
 
 @dataclass(frozen=True)
@@ -82,50 +78,6 @@ def _check_params(rule: str, params: RuleParams | None, kind: type[RuleParams]) 
     return p
 
 
-def _baseline_diagnostics(x: RoundInputs, mu: NDArray[np.float64], xi: NDArray[np.float64] | None) -> Diagnostics:
-    n = x.replied.shape[0]
-    norms = update_norms(x)
-    if xi is None:
-        gamma, weights = np.zeros(n), np.zeros((n, n))
-    else:
-        gamma, weights = split_mixing(xi)
-    return Diagnostics(
-        informative=x.replied & (norms > MIN_UPDATE_NORM),
-        update_norm=norms,
-        r=np.zeros(n),
-        mu=mu,
-        peer_weights=weights,
-        gamma=gamma,
-        xi=xi,
-    )
-
-
-def _mix_replying(x: RoundInputs, xi_replied: NDArray[np.float64]) -> RoundOutput:
-    """u_i = Σ_j ξ_ij·P̃_j over the replying clients (``xi_replied`` [A, A]); absent rows untouched."""
-    n = x.replied.shape[0]
-    replying = np.flatnonzero(x.replied)
-    messages = x.tuned.copy()
-    messages[replying] = xi_replied @ x.tuned[replying]
-    xi = np.zeros((n, n))
-    xi[np.ix_(replying, replying)] = xi_replied
-    absent = ~x.replied
-    return RoundOutput(
-        memory=keep_rows(messages, x.memory32, absent),
-        personalized=keep_rows(messages, x.sent32, absent),
-        diagnostics=_baseline_diagnostics(x, absent.astype(np.float64), xi),
-    )
-
-
-def _peer_mixing_round(x: RoundInputs, mixing: Callable[[NDArray[np.float64]], NDArray[np.float64]]) -> RoundOutput:
-    """Send each replying client Σ_j ξ_ij·P̃_j, ξ = mixing(uploads [k, D]) [k, k]; a client alone keeps its own."""
-    uploads = x.tuned[x.replied]
-    if uploads.shape[0] == 0:
-        return unchanged_round(x)
-    if uploads.shape[0] == 1:
-        return _mix_replying(x, np.ones((1, 1)))
-    return _mix_replying(x, mixing(uploads))
-
-
 def none_fed_round(
     tuned: ArrayLike,
     sent: ArrayLike,
@@ -143,7 +95,7 @@ def none_fed_round(
     return RoundOutput(
         memory=keep_rows(x.tuned, x.memory32, absent),
         personalized=keep_rows(x.tuned, x.sent32, absent),
-        diagnostics=_baseline_diagnostics(x, absent.astype(np.float64), None),
+        diagnostics=mixing_diagnostics(x, absent.astype(np.float64), None),
     )
 
 
@@ -176,20 +128,6 @@ def fedavg_round(
     return send_to_everyone(x, global_prompt, np.tile(counts / total, (x.replied.shape[0], 1)))
 
 
-def send_to_everyone(
-    x: RoundInputs, global_prompt: NDArray[np.float64], xi: NDArray[np.float64] | None = None
-) -> RoundOutput:
-    """A global rule's output: ``global_prompt`` [d] becomes every client's memory and next prompt."""
-    n = x.replied.shape[0]
-    everyone = np.broadcast_to(global_prompt, x.tuned.shape)
-    keep_none = np.zeros(n, dtype=bool)
-    return RoundOutput(
-        memory=keep_rows(everyone, x.memory32, keep_none),
-        personalized=keep_rows(everyone, x.sent32, keep_none),
-        diagnostics=_baseline_diagnostics(x, np.zeros(n), xi),
-    )
-
-
 def fedamp_round(
     tuned: ArrayLike,
     sent: ArrayLike,
@@ -208,7 +146,7 @@ def fedamp_round(
     """
     p = _check_params("fedamp_round", params, FedAMPParams)
     x = validate_round(tuned, sent, memory, h_pre, h_post, replied, num_examples)
-    return _peer_mixing_round(x, lambda uploads: _fedamp_mixing(uploads, p))
+    return peer_mixing_round(x, lambda uploads: _fedamp_mixing(uploads, p))
 
 
 def _fedamp_mixing(uploads: NDArray[np.float64], p: FedAMPParams) -> NDArray[np.float64]:
@@ -243,7 +181,7 @@ def fedamp_cos_round(
     """
     p = _check_params("fedamp_cos_round", params, FedAMPCosParams)
     x = validate_round(tuned, sent, memory, h_pre, h_post, replied, num_examples)
-    return _peer_mixing_round(x, lambda uploads: _fedamp_cos_mixing(uploads, p))
+    return peer_mixing_round(x, lambda uploads: _fedamp_cos_mixing(uploads, p))
 
 
 def _fedamp_cos_mixing(uploads: NDArray[np.float64], p: FedAMPCosParams) -> NDArray[np.float64]:
@@ -256,3 +194,9 @@ def _fedamp_cos_mixing(uploads: NDArray[np.float64], p: FedAMPCosParams) -> NDAr
     xi = (1.0 - p.self_weight) * attention / attention.sum(axis=1, keepdims=True)
     np.fill_diagonal(xi, p.self_weight)
     return xi
+
+
+NONE_FED = Rule(none_fed_round, NoneFedParams, summary="none-fed: each client continues from its own upload")
+FEDAVG = Rule(fedavg_round, FedAvgParams, summary="FedAvg: the example-weighted mean of the uploads, sent to everyone")
+FEDAMP = Rule(fedamp_round, FedAMPParams, summary="FedAMP: attentive message passing, exp(-distance) peer weights")
+FEDAMP_COS = Rule(fedamp_cos_round, FedAMPCosParams, summary="HeurFedAMP: FedAMP with cosine peer weights")

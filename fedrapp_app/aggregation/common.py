@@ -1,6 +1,8 @@
 """What every server rule shares: validated round inputs, the round output, parameter checks, z-scores.
 
-Every rule has the signature of :class:`RoundRule`. The inputs are stacked over the N clients the server
+Every rule has the signature of :class:`RoundRule` and is registered as a :class:`Rule` (the function, its
+parameters, what it needs): the built-ins and plugins alike, through the entry-point group ``fedrapp.rules``
+(docs/extending.md). The inputs are stacked over the N clients the server
 knows; rows of clients that did not reply are ignored wherever SPEC says so, and may hold anything, even
 NaN: :func:`validate_round` replaces them by neutral values before any arithmetic, so they cannot leak.
 The rules compute in float64 and return float32 prompts (the wire format); rows a rule leaves untouched
@@ -10,6 +12,7 @@ are copied from the float32 inputs, so they come back bit for bit.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 from typing import Any, Protocol
 
@@ -106,6 +109,58 @@ class RoundRule(Protocol):
         num_examples: ArrayLike,
         params: Any = None,
     ) -> RoundOutput: ...
+
+
+@dataclass(frozen=True)
+class NoParams:
+    """The parameters of a rule that has none."""
+
+
+@dataclass(frozen=True)
+class Rule:
+    """A server rule as the registry knows it: the round function and what it needs.
+
+    Attributes
+    ----------
+    round : the function (:class:`RoundRule`'s signature; a stateful rule also takes ``state=`` and the clients'
+        own-prompt reports as keyword arguments).
+    params : the class of its parameters, a frozen dataclass whose fields all have defaults (a
+        :class:`RuleParams` gets range checks); :class:`NoParams` for none.
+    stateful : it carries per-client arrays from round to round (``RoundOutput.state``, checkpointed and given
+        back as ``state=``) and reads the clients' own-prompt reports (``trust.OwnPromptReports``'s fields).
+    reads_own_prompt : the clients must score their own last tuned prompt on every batch (the run config turns
+        that on for the local method).
+    reference : it uses information a real deployment does not have (the testbed's client -> domain map, given
+        as its ``groups`` parameter); tables mark it as a reference.
+    selected_by : where the run config selects it otherwise than by ``strategy`` (refused there).
+    summary : one line for ``fedrapp-list``.
+    """
+
+    round: Callable[..., RoundOutput]
+    params: type = NoParams
+    stateful: bool = False
+    reads_own_prompt: bool = False
+    reference: bool = False
+    selected_by: str = ""
+    summary: str = ""
+
+    def __call__(self, *args: Any, **kwargs: Any) -> RoundOutput:
+        """The round function itself (a decorated function stays callable)."""
+        return self.round(*args, **kwargs)
+
+
+def rule(
+    params: type | None = None, *, stateful: bool = False, reads_own_prompt: bool = False, summary: str = ""
+) -> Callable[[Callable[..., RoundOutput]], Rule]:
+    """Decorator: ``@rule(params=MyParams)`` above a round function makes it a :class:`Rule` (the form a plugin's
+    entry point or a ``module:function`` reference names)."""
+
+    def wrap(function: Callable[..., RoundOutput]) -> Rule:
+        doc = (function.__doc__ or "").strip().splitlines()
+        first = doc[0] if doc else ""
+        return Rule(function, params or NoParams, stateful, reads_own_prompt, summary=summary or first)
+
+    return wrap
 
 
 # -------------------------------------------------------------------------------------------- parameters
@@ -290,6 +345,97 @@ def unchanged_round(inputs: RoundInputs) -> RoundOutput:
             gamma=np.zeros(n),
         ),
     )
+
+
+#: ``Diagnostics.informative`` of the rules without a reliability uses FedRAPP's default threshold, for comparable logs.
+MIN_UPDATE_NORM = 1e-8
+
+
+def mixing_diagnostics(x: RoundInputs, mu: NDArray[np.float64], xi: NDArray[np.float64] | None) -> Diagnostics:
+    """Diagnostics of a rule without reliability scores: ``mu`` [N] as given, the peers from its mixing matrix
+    ``xi`` [N, N] (None: no mixing)."""
+    n = x.replied.shape[0]
+    norms = update_norms(x)
+    if xi is None:
+        gamma, weights = np.zeros(n), np.zeros((n, n))
+    else:
+        gamma, weights = split_mixing(xi)
+    return Diagnostics(
+        informative=x.replied & (norms > MIN_UPDATE_NORM),
+        update_norm=norms,
+        r=np.zeros(n),
+        mu=mu,
+        peer_weights=weights,
+        gamma=gamma,
+        xi=xi,
+    )
+
+
+def peer_mixing_round(x: RoundInputs, mixing: Callable[[NDArray[np.float64]], NDArray[np.float64]]) -> RoundOutput:
+    """Send each replying client u_i = Σ_j ξ_ij·P̃_j over the replying clients, ξ = ``mixing(uploads [k, d])``
+    [k, k] (rows summing to 1); u_i is also its memory. Absent clients are untouched; a client alone keeps its
+    upload. The building block of FedAMP and of rules that mix uploads (docs/extending.md)."""
+    uploads = x.tuned[x.replied]
+    if uploads.shape[0] == 0:
+        return unchanged_round(x)
+    xi_replied = np.ones((1, 1)) if uploads.shape[0] == 1 else np.asarray(mixing(uploads), dtype=np.float64)
+    n, k = x.replied.shape[0], uploads.shape[0]
+    if xi_replied.shape != (k, k):
+        raise ValueError(f"the mixing matrix has shape {xi_replied.shape}, expected ({k}, {k}) for {k} uploads")
+    replying = np.flatnonzero(x.replied)
+    messages = x.tuned.copy()
+    messages[replying] = xi_replied @ uploads
+    xi = np.zeros((n, n))
+    xi[np.ix_(replying, replying)] = xi_replied
+    absent = ~x.replied
+    return RoundOutput(
+        memory=keep_rows(messages, x.memory32, absent),
+        personalized=keep_rows(messages, x.sent32, absent),
+        diagnostics=mixing_diagnostics(x, absent.astype(np.float64), xi),
+    )
+
+
+def send_to_everyone(
+    x: RoundInputs, global_prompt: NDArray[np.float64], xi: NDArray[np.float64] | None = None
+) -> RoundOutput:
+    """A global rule's output: ``global_prompt`` [d] becomes every client's memory and next prompt."""
+    n = x.replied.shape[0]
+    everyone = np.broadcast_to(global_prompt, x.tuned.shape)
+    keep_none = np.zeros(n, dtype=bool)
+    return RoundOutput(
+        memory=keep_rows(everyone, x.memory32, keep_none),
+        personalized=keep_rows(everyone, x.sent32, keep_none),
+        diagnostics=mixing_diagnostics(x, np.zeros(n), xi),
+    )
+
+
+def check_output(output: Any, n: int, d: int) -> None:
+    """Refuse what a rule returned unless it is a :class:`RoundOutput` the server can store: ``memory`` and
+    ``personalized`` finite [N, d] arrays, diagnostics of N clients, ``state`` per-client finite arrays [N, ...].
+    Raises ``ValueError`` saying what is wrong (the strategy then leaves its state untouched)."""
+    if not isinstance(output, RoundOutput):
+        raise ValueError(f"returned {type(output).__name__}, not a RoundOutput")
+    for name in ("memory", "personalized"):
+        array = np.asarray(getattr(output, name))
+        if array.shape != (n, d):
+            raise ValueError(f"{name} has shape {array.shape}, expected ({n}, {d})")
+        if not np.issubdtype(array.dtype, np.floating) or not np.isfinite(array).all():
+            rows = np.flatnonzero(~np.isfinite(array).all(axis=1))[:10].tolist() if array.dtype.kind == "f" else []
+            raise ValueError(f"{name} is not finite (rows {rows}) or not floating point ({array.dtype})")
+    diag = output.diagnostics
+    for name in ("informative", "update_norm", "r", "mu", "gamma"):
+        if np.shape(getattr(diag, name)) != (n,):
+            raise ValueError(f"diagnostics.{name} has shape {np.shape(getattr(diag, name))}, expected ({n},)")
+    if np.shape(diag.peer_weights) != (n, n):
+        raise ValueError(f"diagnostics.peer_weights has shape {np.shape(diag.peer_weights)}, expected ({n}, {n})")
+    if not isinstance(output.state, dict):
+        raise ValueError(f"state is a {type(output.state).__name__}, not a dict of per-client arrays")
+    for key, value in output.state.items():
+        array = np.asarray(value)
+        if array.ndim < 1 or array.shape[0] != n or not np.issubdtype(array.dtype, np.number):
+            raise ValueError(f"state[{key!r}] must be a numeric array with one row per client (N = {n})")
+        if not np.isfinite(array).all():
+            raise ValueError(f"state[{key!r}] is not finite")
 
 
 def synthetic_round(

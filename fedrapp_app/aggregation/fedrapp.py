@@ -49,6 +49,7 @@ from fedrapp_app.aggregation.common import (
     Interval,
     RoundInputs,
     RoundOutput,
+    Rule,
     RuleParams,
     keep_rows,
     masked_zscore,
@@ -246,3 +247,6 @@ def fedrapp_round(
         personalized=keep_rows(s.personalized, x.sent32, ~x.replied),
         diagnostics=Diagnostics(s.informative, s.update_norm, s.r, s.mu, s.peer_weights, s.gamma),
     )
+
+
+FEDRAPP = Rule(fedrapp_round, FedRAPPParams, summary="FedRAPP (SPEC §4): reliability-aware memories and peer prompts")

@@ -13,8 +13,14 @@ from dataclasses import dataclass
 import numpy as np
 from numpy.typing import ArrayLike
 
-from fedrapp_app.aggregation.baselines import _baseline_diagnostics
-from fedrapp_app.aggregation.common import RoundOutput, keep_rows, unchanged_round, validate_round
+from fedrapp_app.aggregation.common import (
+    RoundOutput,
+    Rule,
+    keep_rows,
+    mixing_diagnostics,
+    unchanged_round,
+    validate_round,
+)
 
 
 @dataclass(frozen=True)
@@ -61,5 +67,13 @@ def domain_oracle_round(
     return RoundOutput(
         memory=keep_rows(mixed, x.memory32, ~covered),
         personalized=keep_rows(mixed, x.sent32, ~covered),
-        diagnostics=_baseline_diagnostics(x, (~covered).astype(np.float64), xi),
+        diagnostics=mixing_diagnostics(x, (~covered).astype(np.float64), xi),
     )
+
+
+DOMAIN_ORACLE = Rule(
+    domain_oracle_round,
+    DomainOracleParams,
+    reference=True,
+    summary="a reference with the testbed's privileged domain labels: FedAvg within each shift domain",
+)

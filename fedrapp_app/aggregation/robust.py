@@ -17,14 +17,15 @@ from flwr.server.strategy.aggregate import aggregate_krum
 from flwr.serverapp.strategy.fedtrimmedavg import trim_mean
 from numpy.typing import ArrayLike, NDArray
 
-from fedrapp_app.aggregation.baselines import send_to_everyone
 from fedrapp_app.aggregation.common import (
     NON_NEGATIVE,
     Interval,
     RoundInputs,
     RoundOutput,
+    Rule,
     RuleParams,
     param,
+    send_to_everyone,
     unchanged_round,
     validate_round,
 )
@@ -103,3 +104,10 @@ def krum_round(
     return _global_statistic(
         x, lambda replies: aggregate_krum([([row], 1) for row in replies], num_malicious=f, to_keep=0)[0]
     )
+
+
+FEDMEDIAN = Rule(fedmedian_round, FedMedianParams, summary="FedMedian: the coordinate-wise median, sent to everyone")
+FEDTRIMMEDAVG = Rule(
+    fedtrimmedavg_round, FedTrimmedAvgParams, summary="FedTrimmedAvg: the trimmed mean, sent to everyone"
+)
+KRUM = Rule(krum_round, KrumParams, summary="Krum: the upload closest to its neighbours, sent to everyone")

@@ -33,7 +33,16 @@ from dataclasses import dataclass
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
-from fedrapp_app.aggregation.common import PROBE, UNIT, Diagnostics, RoundOutput, keep_rows, param, validate_round
+from fedrapp_app.aggregation.common import (
+    PROBE,
+    UNIT,
+    Diagnostics,
+    RoundOutput,
+    Rule,
+    keep_rows,
+    param,
+    validate_round,
+)
 from fedrapp_app.aggregation.fedrapp import FedRAPPParams, PaperSteps, fedrapp_steps, personalized_prompts
 
 
@@ -261,3 +270,13 @@ def trusted_round(
         ),
         state={**trusts, PROBE: probes},
     )
+
+
+FEDRAPP_TRUST = Rule(
+    trusted_round,
+    TrustParams,
+    stateful=True,
+    reads_own_prompt=True,
+    selected_by="strategy='fedrapp' trust=true",
+    summary="FedRAPP with its trust option (ours): memory and peers only as far as they beat the own prompt",
+)

@@ -1,75 +1,97 @@
-"""Local test-time methods behind one interface (SPEC §3), built by name through an explicit registry."""
+"""Local test-time methods behind one interface (SPEC §3), found by name in the entry-point group
+``fedrapp.methods`` (the built-ins and plugins alike; ``fedrapp_app.plugins``).
+
+This module imports no torch: the run config's checks look methods up and check their parameters before
+anything heavy; :func:`make_method` imports the implementing class when a client builds the method. The classes
+(``AdaPrompt``, ``TPT``, ...) are importable from here as before, loaded on first use.
+"""
 
 from __future__ import annotations
 
-import dataclasses
+import importlib
 from collections.abc import Mapping
 from typing import Any
 
-from fedrapp_app.methods.adaprompt import AdaPrompt, AdaPromptParams, ConfidenceBuffer
-from fedrapp_app.methods.base import Adaptation, LocalMethod
-from fedrapp_app.methods.im import IMParams, InformationMaximisation
-from fedrapp_app.methods.tpt import TPT, TPTOnline, TPTParams
-from fedrapp_app.methods.zeroshot import ZeroShot, ZeroShotParams
+from fedrapp_app import plugins
+from fedrapp_app.methods.params import AdaPromptParams, IMParams, MethodSpec, TPTParams, ZeroShotParams
+from fedrapp_app.parameters import build_params
+from fedrapp_app.plugins import Found, PluginError
 
-#: name -> (method class, its hyperparameter dataclass)
-METHODS: dict[str, tuple[type[LocalMethod], type]] = {
-    "zeroshot": (ZeroShot, ZeroShotParams),
-    "tpt": (TPT, TPTParams),
-    "tpt-online": (TPTOnline, TPTParams),
-    "adaprompt": (AdaPrompt, AdaPromptParams),
-    "im": (InformationMaximisation, IMParams),  # ours (SHOT-style information maximisation)
+#: The methods registered by this project (its pyproject.toml's entry points), for docs and help texts.
+BUILT_IN = ("adaprompt", "im", "tpt", "tpt-online", "zeroshot")
+
+
+def find_method(name: str) -> Found:
+    """The registered local method ``name`` or a ``module:Class`` reference, as a
+    :class:`~fedrapp_app.plugins.Found` whose ``target`` is a :class:`MethodSpec` (a LocalMethod subclass is
+    taken with its ``Params`` attribute). Raises ``PluginError`` naming the plugin and the fix."""
+    found = plugins.find(plugins.METHODS, name)
+    target = found.target
+    if not isinstance(target, MethodSpec):
+        params = getattr(target, "Params", None)
+        if not isinstance(target, type) or params is None:
+            raise PluginError(
+                f"local method {name!r} from {found.origin} is a {type(target).__name__}, not a LocalMethod class "
+                "with a Params attribute or a MethodSpec (see docs/extending.md)"
+            )
+        doc = (target.__doc__ or "").strip().splitlines()
+        target = MethodSpec(f"{target.__module__}:{target.__qualname__}", params, doc[0] if doc else "")
+    return Found(found.name, target, found.origin, found.package)
+
+
+def methods() -> dict[str, MethodSpec]:
+    """Every registered method by name (built-ins and installed plugins)."""
+    return {name: find_method(name).target for name in plugins.names(plugins.METHODS)}
+
+
+def method_params(name: str, params: Mapping[str, Any] | None = None, **overrides: Any) -> Any:
+    """The parameters of method ``name``: its defaults with ``params`` and the keyword ``overrides`` applied
+    (kebab- or snake-case keys, a key given in both is refused), type- and range-checked (``ValueError``)."""
+    spec = find_method(name).target
+    values = dict(params or {})
+    for key, value in overrides.items():
+        if key in values or key.replace("_", "-") in values or key.replace("-", "_") in values:
+            raise ValueError(f"parameter {key!r} of local method {name!r} is given twice")
+        values[key] = value
+    return build_params(spec.params, values, f"local method {name!r}")
+
+
+def make_method(name: str, params: Mapping[str, Any] | None = None, **overrides: Any) -> Any:
+    """Build the local method ``name`` (a :class:`~fedrapp_app.methods.base.LocalMethod`) with hyperparameters
+    from ``params`` and/or keyword overrides (see :func:`method_params`)."""
+    found = find_method(name)
+    values = method_params(name, params, **overrides)
+    try:
+        method_class = found.target.load()
+    except Exception as err:  # a plugin's import may fail in any way; name it
+        raise PluginError(
+            f"local method {name!r} from {found.origin}: cannot import {found.target.implementation}: "
+            f"{type(err).__name__}: {err}"
+        ) from err
+    return method_class(values)
+
+
+#: Classes importable from here, loaded on first use (they import torch).
+_LAZY = {
+    "Adaptation": "fedrapp_app.methods.base",
+    "LocalMethod": "fedrapp_app.methods.base",
+    "AdaPrompt": "fedrapp_app.methods.adaprompt",
+    "ConfidenceBuffer": "fedrapp_app.methods.adaprompt",
+    "InformationMaximisation": "fedrapp_app.methods.im",
+    "TPT": "fedrapp_app.methods.tpt",
+    "TPTOnline": "fedrapp_app.methods.tpt",
+    "ZeroShot": "fedrapp_app.methods.zeroshot",
 }
 
 
-def _coerce(method: str, key: str, value: Any, default: Any) -> Any:
-    """Check ``value`` against the type of the field's default (config files give ints for floats)."""
-    problem = f"{method}: parameter {key!r} expects a {type(default).__name__}, got {value!r}"
-    if isinstance(default, bool):
-        if not isinstance(value, bool):
-            raise ValueError(problem)
-        return value
-    if isinstance(default, int):
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise ValueError(problem)
-        return value
-    if isinstance(default, float):
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise ValueError(problem)
-        return float(value)
-    if isinstance(default, tuple):
-        if isinstance(value, str) or not all(isinstance(item, str) for item in value):
-            raise ValueError(problem)
-        return tuple(value)
-    if not isinstance(value, type(default)):
-        raise ValueError(problem)
-    return value
-
-
-def make_method(name: str, params: Mapping[str, Any] | None = None, **overrides: Any) -> LocalMethod:
-    """Build the local method ``name`` with hyperparameters from ``params`` and/or keyword overrides.
-
-    Keys may be kebab-case (``n-views``) or snake_case (``n_views``). Unknown names or parameters raise
-    ``ValueError`` listing the allowed ones.
-    """
-    if name not in METHODS:
-        raise ValueError(f"unknown local method {name!r}; choose one of {sorted(METHODS)}")
-    method_class, params_class = METHODS[name]
-    fields = {field.name: field for field in dataclasses.fields(params_class)}
-    values: dict[str, Any] = {}
-    for key, value in [*(params or {}).items(), *overrides.items()]:
-        field_name = key.replace("-", "_")
-        if field_name not in fields:
-            allowed = ", ".join(f.replace("_", "-") for f in fields)
-            raise ValueError(f"unknown parameter {key!r} for method {name!r}; allowed: {allowed}")
-        if field_name in values:
-            raise ValueError(f"parameter {key!r} of method {name!r} is given twice")
-        values[field_name] = _coerce(name, key, value, fields[field_name].default)
-    return method_class(params_class(**values))
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 __all__ = [
-    "METHODS",
+    "BUILT_IN",
     "TPT",
     "AdaPrompt",
     "AdaPromptParams",
@@ -78,9 +100,13 @@ __all__ = [
     "IMParams",
     "InformationMaximisation",
     "LocalMethod",
+    "MethodSpec",
     "TPTOnline",
     "TPTParams",
     "ZeroShot",
     "ZeroShotParams",
+    "find_method",
     "make_method",
+    "method_params",
+    "methods",
 ]

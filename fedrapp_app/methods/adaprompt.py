@@ -26,7 +26,6 @@ text tower's backward runs in float16, where most intermediate gradients would u
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import ClassVar
 
 import numpy as np
@@ -48,6 +47,7 @@ from fedrapp_app.methods.base import (
     mean_entropy,
     with_own_score,
 )
+from fedrapp_app.methods.params import AdaPromptParams
 from fedrapp_app.methods.scaling import scaler_for
 
 
@@ -136,35 +136,11 @@ class ConfidenceBuffer:
         self.features, self.labels, self.confidences = features, labels, confidences
 
 
-@dataclass(frozen=True)
-class AdaPromptParams:
-    """Hyperparameters of AdaPrompt (defaults: the reference configuration ``configs/methods/ours.yaml``)."""
-
-    init_texts: tuple[str, ...] = ("an image of a", "a colorful image of a", "a noisy picture of a")
-    threshold: float = 0.7  # pseudo-label confidence needed to enter the buffer (strictly greater)
-    buffer_size: int = 64
-    lr: float = 5e-3
-    weight_decay: float = 0.01  # torch.optim.AdamW's default, used by the reference
-    double_softmax: bool = True  # the reference's softmax before CrossEntropyLoss
-    csc: bool = False  # class-specific context (ours for AdaPrompt): each block is [C, n_k, D]
-    own_prompt: bool = False  # ours: keep P~ and score it on the next batch (H_own, base.OwnPrompt)
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "init_texts", tuple(self.init_texts))
-        if not self.init_texts:
-            raise ValueError("init_texts must hold at least one text")
-        if not 0 <= self.threshold < 1:
-            raise ValueError(f"threshold must be in [0, 1), got {self.threshold}")
-        if self.buffer_size < 1:
-            raise ValueError(f"buffer_size must be >= 1, got {self.buffer_size}")
-        if self.lr <= 0 or self.weight_decay < 0:
-            raise ValueError(f"lr must be > 0 and weight_decay >= 0, got {self.lr}, {self.weight_decay}")
-
-
 class AdaPrompt(LocalMethod):
     """AdaPrompt with a persistent buffer and AdamW moments (both survive rounds via state_dict)."""
 
     name: ClassVar[str] = "adaprompt"
+    Params: ClassVar[type] = AdaPromptParams
     _BUFFER, _OPTIMIZER, _SCALER = "buffer.", "optimizer.", "scaler."
 
     def __init__(self, params: AdaPromptParams | None = None) -> None:

@@ -29,7 +29,6 @@ the parameters each round.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import ClassVar
 
 import numpy as np
@@ -51,33 +50,8 @@ from fedrapp_app.methods.base import (
     mean_entropy,
     with_own_score,
 )
+from fedrapp_app.methods.params import IMParams
 from fedrapp_app.methods.scaling import scaler_for
-
-MARGINALS = ("batch", "ema")
-
-
-@dataclass(frozen=True)
-class IMParams:
-    """Hyperparameters of im (ours; lr as measured in TESTBED.md)."""
-
-    init_text: str = "a photo of a"
-    lr: float = 5e-3
-    weight_decay: float = 0.01  # torch.optim.AdamW's default, as the other methods
-    diversity_weight: float = 1.0  # lambda; 0 = plain entropy minimisation (the collapsing ablation)
-    marginal: str = "batch"  # "batch" (SHOT) or "ema" (running marginal, ours)
-    ema_momentum: float = 0.5  # weight of the past in the running marginal (window of about 1 / (1 - momentum))
-    csc: bool = False  # class-specific context: one [n, D] context per class (CoOp's CSC), block [C, n, D]
-    own_prompt: bool = False  # ours: keep P~ and score it on the next batch (H_own, base.OwnPrompt)
-
-    def __post_init__(self) -> None:
-        if self.marginal not in MARGINALS:
-            raise ValueError(f"marginal must be one of {MARGINALS}, got {self.marginal!r}")
-        if not 0 <= self.ema_momentum < 1:
-            raise ValueError(f"ema_momentum must be in [0, 1), got {self.ema_momentum}")
-        if self.diversity_weight < 0:
-            raise ValueError(f"diversity_weight must be >= 0, got {self.diversity_weight}")
-        if self.lr <= 0 or self.weight_decay < 0:
-            raise ValueError(f"lr must be > 0 and weight_decay >= 0, got {self.lr}, {self.weight_decay}")
 
 
 # ----- the loss (pure functions) ---------------------------------------------------------------------
@@ -122,6 +96,7 @@ class InformationMaximisation(LocalMethod):
     """Online IM: one prompt step per batch; AdamW moments and (``ema``) the running marginal persist."""
 
     name: ClassVar[str] = "im"
+    Params: ClassVar[type] = IMParams
     _OPTIMIZER, _MARGINAL, _SCALER = "optimizer.", "marginal.", "scaler."
 
     def __init__(self, params: IMParams | None = None) -> None:

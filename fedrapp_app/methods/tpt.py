@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import ClassVar
 
 import numpy as np
@@ -44,39 +43,8 @@ from fedrapp_app.methods.base import (
     mean_entropy,
     with_own_score,
 )
+from fedrapp_app.methods.params import TPTParams
 from fedrapp_app.methods.scaling import LossScaler, scaler_for
-
-
-@dataclass(frozen=True)
-class TPTParams:
-    """Hyperparameters of tpt / tpt-online (defaults: the reference code's)."""
-
-    init_text: str = "a photo of a"
-    n_views: int = 63  # augmented views per image, besides the original
-    keep_ratio: float = 0.1  # fraction of the 1 + n_views views kept (lowest entropy)
-    lr: float = 5e-3
-    weight_decay: float = 0.01  # torch.optim.AdamW's default, used by the reference
-    augmix: bool = False  # AugMix on top of crop + flip (the reference: fine-grained sets, not ImageNet-*)
-    augmix_severity: float = 1.0
-    csc: bool = False  # class-specific context: one [n, D] context per class (CoOp's CSC), block [C, n, D]
-    image_chunk: int = 256  # views per image-tower call (memory bound)
-    text_chunk: int = 2048  # text sequences per pass in episodic mode (memory bound)
-    own_prompt: bool = False  # ours: keep P~ and score it on the next batch's original views (base.OwnPrompt)
-
-    def __post_init__(self) -> None:
-        if self.n_views < 0:
-            raise ValueError(f"n_views must be >= 0, got {self.n_views}")
-        if not 0 < self.keep_ratio <= 1:
-            raise ValueError(f"keep_ratio must be in (0, 1], got {self.keep_ratio}")
-        if self.lr <= 0 or self.weight_decay < 0:
-            raise ValueError(f"lr must be > 0 and weight_decay >= 0, got {self.lr}, {self.weight_decay}")
-        if self.image_chunk < 1 or self.text_chunk < 1:
-            raise ValueError("image_chunk and text_chunk must be >= 1")
-
-    @property
-    def views_kept(self) -> int:
-        """Views kept for the loss: int(keep_ratio * (1 + n_views)), at least one (6 of 64)."""
-        return max(1, int((1 + self.n_views) * self.keep_ratio))
 
 
 # ----- the loss (pure functions) ---------------------------------------------------------------------
@@ -107,6 +75,7 @@ class TPT(LocalMethod):
     """Episodic TPT; stateless across images and rounds."""
 
     name: ClassVar[str] = "tpt"
+    Params: ClassVar[type] = TPTParams
     _SCALER = "scaler."
 
     def __init__(self, params: TPTParams | None = None) -> None:

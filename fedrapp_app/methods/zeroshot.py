@@ -8,7 +8,6 @@ the received prompt, which is returned unchanged (H_pre == H_post). Its initial 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import ClassVar
 
 import torch
@@ -16,20 +15,14 @@ from torch import Tensor
 
 from fedrapp_app.engine.prompts import PromptedCLIP
 from fedrapp_app.methods.base import Adaptation, LocalMethod, batch_marginal_entropy, check_prompt, mean_entropy
-
-
-@dataclass(frozen=True)
-class ZeroShotParams:
-    """init_text: the context whose embeddings form the (unused) travelling prompt; own_prompt: see base.OwnPrompt."""
-
-    init_text: str = "a photo of a"
-    own_prompt: bool = False  # ours: report H_own; the prompt plays no part here, so H_own = H_pre
+from fedrapp_app.methods.params import ZeroShotParams
 
 
 class ZeroShot(LocalMethod):
     """Hard-prompt zero-shot prediction; stateless."""
 
     name: ClassVar[str] = "zeroshot"
+    Params: ClassVar[type] = ZeroShotParams
 
     def __init__(self, params: ZeroShotParams | None = None) -> None:
         self.params = params or ZeroShotParams()

@@ -1,0 +1,75 @@
+"""``fedrapp-list``: the server rules and local methods installed here, plugins included, with their parameters,
+defaults, the run-config key that sets each, and where each comes from.
+
+    fedrapp-list              # rules and methods
+    fedrapp-list rules        # only the rules (or: methods)
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import sys
+from collections.abc import Callable, Mapping
+
+from fedrapp_app import plugins
+from fedrapp_app.config import METHOD_KEYS, RULE_KEYS
+
+#: Parameters the run sets itself, not a key: what sets them.
+SET_BY_THE_RUN = {
+    "groups": "the testbed's client -> domain map",
+    "own_prompt": "on with report-own-prompt, or with a rule that reads it (trust)",
+}
+
+
+def _parameters(params: type, own_keys: Mapping[str, str], other_key: str) -> list[str]:
+    """One line per parameter: ``name = default``, and the config key that sets it."""
+    by_param = {param: key for key, param in own_keys.items()}
+    lines = []
+    for f in dataclasses.fields(params):
+        default = f.default if f.default is not dataclasses.MISSING else "(no default)"
+        key = by_param.get(f.name)
+        where = f'-c "{key}=..."' if key else f"{other_key}='{f.name.replace('_', '-')}=...'"
+        where = SET_BY_THE_RUN.get(f.name, where)
+        meaning = f.metadata.get("help", "")
+        lines.append(f"      {f.name.replace('_', '-')} = {default!r}  [{where}]" + (f"  {meaning}" if meaning else ""))
+    return lines or ["      (no parameters)"]
+
+
+def _section(title: str, group: str, find: Callable, keys: Mapping[str, Mapping[str, str]], other_key: str) -> str:
+    out = [f"{title} (entry-point group {group}):"]
+    for name in plugins.names(group):
+        try:
+            found = find(name)
+        except plugins.PluginError as err:
+            out += [f"  {name}", f"      FAILED TO LOAD: {err}"]
+            continue
+        target = found.target
+        selected = getattr(target, "selected_by", "")
+        out.append(f"  {name}: {target.summary}" + (f" [selected by {selected}]" if selected else ""))
+        out.append(f"      from {found.origin}")
+        out += _parameters(target.params, keys.get(name, {}), other_key)
+    return "\n".join(out)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="fedrapp-list", description=__doc__.splitlines()[0])
+    parser.add_argument("what", nargs="?", choices=("rules", "methods"), help="list only these")
+    args = parser.parse_args(argv)
+    from fedrapp_app.aggregation import find_rule
+    from fedrapp_app.methods import find_method
+
+    sections = []
+    if args.what in (None, "rules"):
+        sections.append(_section("Server rules (strategy = NAME)", plugins.RULES, find_rule, RULE_KEYS, "rule-params"))
+    if args.what in (None, "methods"):
+        title = "Local methods (local-method = NAME)"
+        sections.append(_section(title, plugins.METHODS, find_method, METHOD_KEYS, "method-params"))
+    print("\n\n".join(sections))
+    print("\nA module on PYTHONPATH serves too: strategy = 'module:RULE', local-method = 'module:Class'.")
+    print("How to add a rule or a method: docs/extending.md.")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,90 @@
+"""Server rules that tests name as ``plugin_rules:NAME`` (the module:attribute form; tests/ is on the path):
+a hand-written twin of the example plugin, rules that fail in the ways a plugin may, and a stateful rule."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from fedrapp_app.aggregation import (
+    UNIT,
+    RoundOutput,
+    RuleParams,
+    fedavg_round,
+    none_fed_round,
+    param,
+    rule,
+    validate_round,
+)
+from fedrapp_app.aggregation.common import keep_rows, mixing_diagnostics, unchanged_round
+
+
+@dataclass(frozen=True)
+class MixParams(RuleParams):
+    weight: float = param(0.5, UNIT, "share of the mean of all uploads")
+
+
+@rule(params=MixParams)
+def mean_mix_by_hand(tuned, sent, memory, h_pre, h_post, replied, num_examples, params=MixParams()):
+    """examples/rule-mean-mix written out: (1 - w)·P̃_i + w·mean_j P̃_j for the replying clients, the others
+    untouched."""
+    x = validate_round(tuned, sent, memory, h_pre, h_post, replied, num_examples)
+    replying = np.flatnonzero(x.replied)
+    k = replying.size
+    if k == 0:
+        return unchanged_round(x)
+    mixing = (1.0 - params.weight) * np.eye(k) + params.weight / k if k > 1 else np.ones((1, 1))  # [k, k]
+    mixed = x.tuned.copy()
+    mixed[replying] = mixing @ x.tuned[replying]  # the same products as the example's, so the same bits
+    xi = np.zeros((x.replied.shape[0],) * 2)
+    xi[np.ix_(replying, replying)] = mixing
+    absent = ~x.replied
+    return RoundOutput(
+        keep_rows(mixed, x.memory32, absent),
+        keep_rows(mixed, x.sent32, absent),
+        mixing_diagnostics(x, absent.astype(np.float64), xi),
+    )
+
+
+@rule()
+def raises(tuned, sent, memory, h_pre, h_post, replied, num_examples, params=None):
+    """A rule that writes into the server's arrays it was given, then raises."""
+    np.asarray(memory)[:] = 0.0
+    np.asarray(sent)[:] = 0.0
+    raise ZeroDivisionError("the plugin divided by zero")
+
+
+@rule()
+def wrong_shape(tuned, sent, memory, h_pre, h_post, replied, num_examples, params=None):
+    """A rule that returns one column too few."""
+    out = fedavg_round(tuned, sent, memory, h_pre, h_post, replied, num_examples)
+    return RoundOutput(out.memory[:, 1:], out.personalized[:, 1:], out.diagnostics)
+
+
+@rule()
+def not_finite(tuned, sent, memory, h_pre, h_post, replied, num_examples, params=None):
+    """A rule that sends NaN."""
+    out = fedavg_round(tuned, sent, memory, h_pre, h_post, replied, num_examples)
+    personalized = out.personalized.copy()
+    personalized[0, 0] = np.nan
+    return RoundOutput(out.memory, personalized, out.diagnostics)
+
+
+@dataclass(frozen=True)
+class CountingParams(RuleParams):
+    shrink: float = param(0.5, UNIT, "how much of its own upload a client gets back, halved by each round it replied")
+
+
+@rule(params=CountingParams, stateful=True)
+def counting(tuned, sent, memory, h_pre, h_post, replied, num_examples, params=CountingParams(), *, state=None, **_):
+    """A stateful rule: it counts the rounds each client replied in (its state) and sends client i
+    P̃_i·shrink^count_i + mean·(1 − shrink^count_i), so every row depends on the whole history of the state."""
+    out = none_fed_round(tuned, sent, memory, h_pre, h_post, replied, num_examples)
+    x = validate_round(tuned, sent, memory, h_pre, h_post, replied, num_examples)
+    count = np.zeros(x.replied.shape[0]) if not state else np.asarray(state["count"], dtype=np.float64)
+    count = count + x.replied
+    own = params.shrink ** count[:, None]
+    mean = x.tuned[x.replied].mean(axis=0) if x.replied.any() else np.zeros(x.tuned.shape[1])
+    mixed = own * x.tuned + (1.0 - own) * mean
+    return RoundOutput(out.memory, keep_rows(mixed, x.sent32, ~x.replied), out.diagnostics, {"count": count})
