@@ -11,28 +11,25 @@ for an H100/H200 SXM) on these matmuls, plus ``--step-overhead`` seconds of Pyth
 in-process Flower messaging per client step; JPEG decoding runs on ``decode-workers`` threads beside
 the GPU. Both are assumptions, so the result is an estimate, not a measurement.
 
-Run: ``python -m fedrapp_app.bench.estimate`` (about a minute on 2 cores); prints a markdown table.
+Run: ``python -m fedrapp_app.bench.estimate`` (about a minute on idle 2 cores, 3 on busy ones); prints a markdown
+table. ``python -m fedrapp_app.bench <bench.yaml> --dry-run --gpu-type h200 --gpus 8`` estimates a grid's cells from
+the costs this command printed (:data:`MEASURED`, :func:`grid_estimate`) on a class of GPU (:data:`GPU_CLASSES`).
 """
 
 from __future__ import annotations
 
 import argparse
+import heapq
 import io
 import math
 import time
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
-import numpy as np
-import torch
-from PIL import Image
-from torch.utils.flop_counter import FlopCounterMode
-from transformers import CLIPConfig, CLIPModel
-from transformers.models.clip.image_processing_pil_clip import CLIPImageProcessorPil
-
-from fedrapp_app.engine import FrozenCLIP, PromptedCLIP
-from fedrapp_app.methods import make_method
-from fedrapp_app.testbed.tiny import DEFAULT_TEXTS
-from fedrapp_app.testbed.tokenizer import build_word_tokenizer, words_of
+if TYPE_CHECKING:  # the measurement loads torch and transformers; the dry run's estimate does not
+    from fedrapp_app.engine import FrozenCLIP
 
 #: (classes, test images) of CoOp's test splits (Zhou et al., IJCV 2022, Table 7; TPT's ImageNet variants).
 PAPER_SIZES: dict[str, tuple[int, int]] = {
@@ -70,6 +67,14 @@ class StepCost:
 
 def vit_b16_random(classnames: list[str]) -> FrozenCLIP:
     """A frozen random-weight CLIP with the ViT-B/16 sizes (text 512 x 12 layers, vision 768 x 12, patch 16)."""
+    import torch
+    from transformers import CLIPConfig, CLIPModel
+    from transformers.models.clip.image_processing_pil_clip import CLIPImageProcessorPil
+
+    from fedrapp_app.engine import FrozenCLIP
+    from fedrapp_app.testbed.tiny import DEFAULT_TEXTS
+    from fedrapp_app.testbed.tokenizer import build_word_tokenizer, words_of
+
     tokenizer = build_word_tokenizer(words_of([*(t.replace("{}", "") for t in DEFAULT_TEXTS), *classnames]), 77)
     config = CLIPConfig(
         text_config=dict(
@@ -93,6 +98,8 @@ def synthetic_names(classes: int, words: int) -> list[str]:
 
 def _saved_bytes(step) -> tuple[float, object]:
     """Bytes of the distinct storages autograd saves while ``step()`` runs, and its result."""
+    import torch
+
     storages: dict[int, int] = {}
 
     def pack(tensor: torch.Tensor) -> torch.Tensor:
@@ -107,6 +114,12 @@ def _saved_bytes(step) -> tuple[float, object]:
 
 def measure_step(method_name: str, classes: int, name_words: int) -> tuple[float, float, float]:
     """(FLOPs, saved bytes, CPU seconds) of one steady-state step of ``method_name`` (64 images, C classes)."""
+    import torch
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from fedrapp_app.engine import PromptedCLIP
+    from fedrapp_app.methods import make_method
+
     names = synthetic_names(classes, name_words)
     pclip = PromptedCLIP(vit_b16_random(names), names)
     params = {"threshold": 0.0, "buffer_size": BATCH} if method_name == "adaprompt" else {}
@@ -131,6 +144,10 @@ def fit(method_name: str, name_words: int, low: int = 16, high: int = 48) -> Ste
 
 def decode_seconds(images: int = 40) -> tuple[float, float]:
     """CPU seconds per 500x375 JPEG: (decode to RGB with PIL, preprocess with the CLIP image processor)."""
+    import numpy as np
+    from PIL import Image
+    from transformers.models.clip.image_processing_pil_clip import CLIPImageProcessorPil
+
     rng = np.random.default_rng(0)
     yy, xx = np.mgrid[0:375, 0:500]
     picture = (np.stack([xx % 256, yy % 256, (xx + yy) % 256], -1) + rng.integers(0, 40, (375, 500, 3))) % 256
@@ -148,8 +165,42 @@ def decode_seconds(images: int = 40) -> tuple[float, float]:
 
 def weights_bytes() -> float:
     """fp32 bytes of the full ViT-B/16 CLIP (what the GPU holds; autocast casts per op)."""
+    from transformers import CLIPConfig, CLIPModel
+
     model = CLIPModel(CLIPConfig(vision_config=dict(patch_size=16, image_size=224), projection_dim=512))
     return float(sum(p.numel() * p.element_size() for p in model.parameters()))
+
+
+def client_steps(images: int, clients: int) -> int:
+    """Client steps of a cell: a batch of ``BATCH`` per step, Dirichlet partitions ending in partial batches."""
+    return math.ceil(images / BATCH) + clients // 2
+
+
+def cell_minutes(
+    cost: StepCost,
+    classes: int,
+    images: int,
+    steps: int,
+    decode: tuple[float, float],
+    *,
+    sustained: float,
+    step_overhead: float,
+    decode_workers: int,
+) -> float:
+    """Estimated minutes of one cell: ``steps`` client steps at ``sustained`` FLOP/s plus the per-step overhead
+    and the in-line preprocessing of ``images`` images, or the JPEG decoding on ``decode_workers`` threads beside
+    the GPU when that takes longer."""
+    flops, _ = cost.at(classes)
+    background = images * decode[0] / decode_workers  # prefetched on decode threads during compute
+    compute = steps * (flops / sustained + step_overhead) + images * decode[1]  # preprocess: in line
+    return max(compute, background) / 60
+
+
+def cell_memory_gb(cost: StepCost, classes: int, weights: float) -> float:
+    """Estimated peak GPU memory of one cell (GiB): the weights, the saved activations +50% for transients, and
+    1 GiB of CUDA context and allocator."""
+    _, saved = cost.at(classes)
+    return (weights + 1.5 * saved) / 2**30 + 1.0
 
 
 def estimate_table(
@@ -173,21 +224,172 @@ def estimate_table(
     ]
     total = 0.0
     for name, (classes, images) in PAPER_SIZES.items():
-        steps = math.ceil(images / BATCH) + clients // 2  # Dirichlet partitions end in partial batches
-        background = images * decode[0] / decode_workers  # prefetched on decode threads during compute
+        steps = client_steps(images, clients)
         minutes = {}
         for label, cost in (("adaprompt", adaprompt), ("zeroshot", zeroshot)):
-            flops, _ = cost.at(classes)
-            compute = steps * (flops / sustained + step_overhead) + images * decode[1]  # preprocess: in line
-            minutes[label] = max(compute, background) / 60
+            minutes[label] = cell_minutes(
+                cost,
+                classes,
+                images,
+                steps,
+                decode,
+                sustained=sustained,
+                step_overhead=step_overhead,
+                decode_workers=decode_workers,
+            )
             total += CELLS_PER_DATASET[label] * minutes[label]
-        flops, saved = adaprompt.at(classes)
-        memory = (weights + 1.5 * saved) / 2**30 + 1.0  # +50% for transients, +1 GiB CUDA context/allocator
+        flops, _ = adaprompt.at(classes)
+        memory = cell_memory_gb(adaprompt, classes, weights)
         lines.append(
             f"| {name} | {classes} | {images} | {steps} | {steps * flops / 1e12:.0f} | "
             f"{minutes['adaprompt']:.1f} | {minutes['zeroshot']:.1f} | {memory:.1f} |"
         )
     lines.append(f"\nWhole grid (14 datasets x (3 zero-shot + 12 AdaPrompt cells)): about {total / 60:.1f} GPU hours.")
+    return "\n".join(lines)
+
+
+# ------------------------------------------------------------------------------------- a grid's estimate
+#: What ``python -m fedrapp_app.bench.estimate`` printed at commit 86e303a on a 2-core CPU: the FLOPs and the saved
+#: bytes are properties of ViT-B/16 and the method (the same on any machine); the JPEG times are that CPU's.
+MEASURED: dict[str, StepCost] = {
+    "adaprompt": StepCost(flops=(2.161e12, 9.60e9), saved_bytes=(79 * 2**20, 13.22 * 2**20), cpu_seconds=38.1),
+    "zeroshot": StepCost(flops=(2.157e12, 0.0), saved_bytes=(0.0, 0.0), cpu_seconds=16.4),
+}
+MEASURED_DECODE = (1.5e-3, 4.9e-3)  # seconds per 500x375 JPEG: decode, preprocess
+MEASURED_WEIGHTS = 571 * 2**20  # fp32 bytes of ViT-B/16 CLIP
+#: The model whose step costs were measured (the paper's).
+MEASURED_MODEL = "openai/clip-vit-base-patch16"
+#: The assumptions of the command's defaults.
+UTILIZATION, STEP_OVERHEAD, DECODE_WORKERS = 0.3, 0.03, 4
+
+
+@dataclass(frozen=True)
+class GpuClass:
+    """A class of GPU: its name, published dense bf16 tensor-core peak (TFLOP/s) and memory (GB)."""
+
+    name: str
+    peak_tflops: float
+    memory_gb: float
+
+
+GPU_CLASSES: dict[str, GpuClass] = {
+    "h200": GpuClass("NVIDIA H200 SXM", 989.0, 141.0),
+    "h100": GpuClass("NVIDIA H100 SXM", 989.0, 80.0),
+    "h100-pcie": GpuClass("NVIDIA H100 PCIe", 756.0, 80.0),
+    "a100": GpuClass("NVIDIA A100 80GB", 312.0, 80.0),
+    "l40s": GpuClass("NVIDIA L40S", 362.0, 48.0),
+    "a10": GpuClass("NVIDIA A10", 125.0, 24.0),
+    "l4": GpuClass("NVIDIA L4", 121.0, 24.0),
+}
+
+
+def gpu_class_of(model_name: str) -> str | None:
+    """The :data:`GPU_CLASSES` key of a GPU model name as the driver reports it (``NVIDIA H100 PCIe`` ->
+    ``h100-pcie``), None for a GPU the table does not know."""
+    words = model_name.lower().replace("-", " ").split()
+    if "h200" in words:
+        return "h200"
+    if "h100" in words:
+        return "h100-pcie" if "pcie" in words else "h100"
+    for key in ("a100", "l40s", "a10", "l4"):
+        if key in words:
+            return key
+    return None
+
+
+def host_gpu_class(driver: Path = Path("/proc/driver/nvidia/gpus")) -> str | None:
+    """The class of this host's first GPU (the NVIDIA driver's ``Model:`` line), None without one or when unknown."""
+    for information in sorted(driver.glob("*/information")) if driver.is_dir() else []:
+        for line in information.read_text(errors="replace").splitlines():
+            if line.startswith("Model:"):
+                return gpu_class_of(line.partition(":")[2].strip())
+    return None
+
+
+def cell_estimate(overrides: Mapping[str, Any], gpu: GpuClass) -> tuple[float, float] | str:
+    """(minutes, peak GPU memory GB) of one cell (its run-config overrides) on a ``gpu``, from :data:`MEASURED`;
+    or, when the measured costs do not cover the cell, the setting that is not covered."""
+    from fedrapp_app.config import DEFAULTS  # light
+
+    config = {**DEFAULTS, **overrides}
+    dataset, method, model = str(config["dataset"]), str(config["local-method"]), str(config["model"])
+    if dataset not in PAPER_SIZES:
+        return f"dataset {dataset!r}"
+    if method not in MEASURED:
+        return f"local-method {method!r}"
+    if model != MEASURED_MODEL:
+        return f"model {model!r}"
+    if int(config["batch-size"]) != BATCH or str(config["precision"]) != "bf16" or bool(config.get("csc")):
+        return "batch-size, precision or csc other than 64, bf16, false"
+    classes, images = PAPER_SIZES[dataset]
+    clients = int(config["num-clients"])
+    per_client = int(config["max-samples-per-client"])
+    if per_client and clients:
+        images = min(images, clients * per_client)
+    steps = client_steps(images, clients)
+    rounds = int(config["num-rounds"])
+    if rounds:  # a cell cut at num-rounds scores that many rounds of the sampled clients
+        cap = rounds * max(1, math.ceil(max(clients, 1) * float(config["fraction"])))
+        if steps > cap:
+            images, steps = math.ceil(images * cap / steps), cap
+    minutes = cell_minutes(
+        MEASURED[method],
+        classes,
+        images,
+        steps,
+        MEASURED_DECODE,
+        sustained=gpu.peak_tflops * 1e12 * UTILIZATION,
+        step_overhead=STEP_OVERHEAD,
+        decode_workers=DECODE_WORKERS,
+    )
+    return minutes, cell_memory_gb(MEASURED[method], classes, MEASURED_WEIGHTS)
+
+
+def wall_minutes(minutes: Sequence[float], gpus: int) -> float:
+    """Minutes until ``gpus`` GPUs have run cells of these durations, one cell per GPU at a time, the longest first."""
+    loads = [0.0] * max(1, gpus)
+    for cell in sorted(minutes, reverse=True):
+        heapq.heapreplace(loads, loads[0] + cell)
+    return max(loads)
+
+
+def _duration(minutes: float) -> str:
+    return f"{minutes:.0f} min" if minutes < 90 else f"{minutes / 60:.1f} h"
+
+
+def grid_estimate(cells: Sequence[Mapping[str, Any]], gpu_type: str, gpus: int = 1) -> str:
+    """What ``--dry-run`` prints: the estimated GPU-hours of these cells (their overrides) on ``gpu_type`` (a
+    :data:`GPU_CLASSES` key), the time they take on 1 GPU and on ``gpus``, the longest cell and the memory a cell
+    needs, and which cells the measured costs do not cover."""
+    gpu = GPU_CLASSES[gpu_type]
+    estimates = [cell_estimate(cell, gpu) for cell in cells]
+    covered = [e for e in estimates if isinstance(e, tuple)]
+    missing: dict[str, int] = {}
+    for e in estimates:
+        if isinstance(e, str):
+            missing[e] = missing.get(e, 0) + 1
+    lines = [
+        f"estimate on {gpu.name} ({gpu.peak_tflops:g} TFLOP/s dense bf16, {gpu.memory_gb:g} GB; "
+        f"fedrapp_app/bench/estimate.py: step costs measured on ViT-B/16, {UTILIZATION:.0%} of the peak and "
+        f"{STEP_OVERHEAD * 1000:.0f} ms per step assumed):"
+    ]
+    if covered:
+        minutes = [m for m, _ in covered]
+        memory = max(gb for _, gb in covered)
+        on = f"on 1 GPU about {_duration(wall_minutes(minutes, 1))}"
+        if gpus > 1:
+            on += f", on {gpus} GPUs about {_duration(wall_minutes(minutes, gpus))}"
+        fits = "" if memory <= gpu.memory_gb else f": more than the {gpu.memory_gb:g} GB of a card, it will not fit"
+        lines.append(
+            f"  {len(covered)} of {len(cells)} cells: {sum(minutes) / 60:.1f} GPU-hours; {on} (longest cell "
+            f"{max(minutes):.1f} min); up to {memory:.1f} GB of GPU memory per cell{fits}"
+        )
+    if missing:
+        listing = ", ".join(f"{setting} ({count})" for setting, count in missing.items())
+        lines.append(
+            f"  no estimate for {sum(missing.values())} cell(s): the measured costs cover {MEASURED_MODEL} with "
+            f"{' or '.join(MEASURED)} on the paper's datasets, batch 64, bf16; not {listing}"
+        )
     return "\n".join(lines)
 
 
@@ -201,6 +403,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--clients", type=int, default=10)
     parser.add_argument("--threads", type=int, default=2)
     args = parser.parse_args(argv)
+    import torch
+
     torch.set_num_threads(args.threads)
     adaprompt = fit("adaprompt", args.name_tokens)
     zeroshot = fit("zeroshot", args.name_tokens)
