@@ -64,7 +64,7 @@ def test_config_values_reach_the_method_and_the_rule():
     ("overrides", "key", "hint"),
     [
         ({"strategy": "fedprox"}, "strategy", "installed: domain-oracle, fedamp"),
-        ({"local-method": "tent"}, "local-method", "installed: adaprompt, im"),
+        ({"local-method": "tent"}, "local-method", "unknown local method 'tent'; installed: adaprompt, "),
         ({"num-clients": -1}, "num-clients", ">= 0"),
         ({"num-clients": 2.5}, "num-clients", "must be an integer"),
         ({"fraction": 0.0}, "fraction", "> 0.0"),

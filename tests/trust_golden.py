@@ -9,7 +9,8 @@ cells of :data:`CELLS` with the knobs of the chosen variant spelled out (:data:`
 ``new`` instead of ``old`` runs the same cells with ``trust = true`` on the checked-out code (what the test does).
 A record holds, per cell, the rows of ``rounds.jsonl`` without what differs between two runs of one config
 (timings, hosts, process ids) and a SHA-256 of each array the run's last checkpoint holds (the memories, the
-prompts last sent, the trusts, the probes).
+prompts last sent, the trusts, the probes), with its sums for a machine whose float rounding differs. The cells
+run on one torch thread.
 """
 
 from __future__ import annotations
@@ -77,12 +78,22 @@ def stable_rows(run_dir: Path) -> list[dict[str, Any]]:
     return rows
 
 
-def checkpoint_digests(run_dir: Path) -> dict[str, str]:
-    """SHA-256 of every array of the run's checkpoint but its metadata (which holds a start time and a token)."""
+def checkpoint_digests(run_dir: Path) -> dict[str, dict[str, Any]]:
+    """Every array of the run's checkpoint but its metadata (which holds a start time and a token): its SHA-256,
+    and its sum and sum of magnitudes in float64 (to compare on a machine whose float rounding differs)."""
+    out = {}
     with np.load(run_dir / "checkpoint.npz") as saved:
-        return {
-            k: hashlib.sha256(np.ascontiguousarray(saved[k]).tobytes()).hexdigest() for k in saved.files if k != "meta"
-        }
+        for k in saved.files:
+            if k == "meta":
+                continue
+            array = np.ascontiguousarray(saved[k])
+            values = array.astype(np.float64)
+            out[k] = {
+                "sha256": hashlib.sha256(array.tobytes()).hexdigest(),
+                "sum": float(values.sum()),
+                "abs_sum": float(np.abs(values).sum()),
+            }
+    return out
 
 
 def run_cell(config: dict[str, Any], out_dir: Path) -> dict[str, Any]:
@@ -98,11 +109,19 @@ def run_cell(config: dict[str, Any], out_dir: Path) -> dict[str, Any]:
 
 
 def record(option: dict[str, Any]) -> dict[str, Any]:
-    """Every cell of :data:`CELLS` with ``option`` on top."""
+    """Every cell of :data:`CELLS` with ``option`` on top, on one torch thread (float sums over threads are
+    grouped differently with more: the same code gives other last bits)."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
     out = {}
-    with tempfile.TemporaryDirectory() as tmp:
-        for k, (name, cell) in enumerate(CELLS.items()):
-            out[name] = run_cell({**cell, "strategy": "fedrapp", **option}, Path(tmp) / str(k))
+    try:
+        with tempfile.TemporaryDirectory() as tmp:
+            for k, (name, cell) in enumerate(CELLS.items()):
+                out[name] = run_cell({**cell, "strategy": "fedrapp", **option}, Path(tmp) / str(k))
+    finally:
+        torch.set_num_threads(threads)
     return out
 
 
