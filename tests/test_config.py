@@ -17,10 +17,8 @@ from fedrapp_app.config import (
     STRATEGIES,
     ConfigError,
     RunConfig,
-    markdown_table,
-    pyproject_block,
-    reference_page,
 )
+from fedrapp_app.config_docs import markdown_table, pyproject_block, reference_page
 from fedrapp_app.methods import make_method
 
 ROOT = Path(__file__).resolve().parent.parent
