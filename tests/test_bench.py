@@ -169,7 +169,7 @@ def test_an_interrupted_parallel_grid_cancels_its_queue_and_stops_its_workers(ti
         stopped.append(list(pool._processes.values()))
         real_stop(pool, grace)
 
-    def interrupted_wait(futures, return_when):
+    def interrupted_wait(futures, timeout=None, return_when=None):
         raise KeyboardInterrupt  # the signal arrives while the runner waits for its first cell
 
     monkeypatch.setattr(grid_module, "stop_pool", spy)
@@ -484,3 +484,261 @@ def test_every_shipped_bench_file_loads_and_every_cell_config_validates(path):
     """A key renamed or removed in the run config must not leave a shipped grid that fails when a user runs it."""
     spec = load_bench(path)
     assert spec.cells
+
+
+# --------------------------------------------------------------- executors: local workers, GPUs, progress, refusals
+def three_cells(model: Path, out: Path) -> dict:
+    return {
+        "name": "tiny",
+        "output": str(out),
+        "base": tiny_base(model),
+        "grids": {"main": {"axes": {"strategy": ["none-fed", "fedavg", "fedrapp"], "seed": [0]}}},
+    }
+
+
+def fake_result(seconds: float = 1.0) -> grid_module.CellResult:
+    """A cell's result without running it (where it ran: this process)."""
+    summary = {
+        "micro_accuracy": 0.5,
+        "macro_accuracy": 0.5,
+        "micro_accuracy_received_prompt": 0.4,
+        "samples": 32,
+        "rounds": 2,
+        "run_dir": None,
+        "config": {},
+    }
+    return grid_module.CellResult(summary, [], [], seconds, grid_module.where_this_runs())
+
+
+class ScriptedExecutor:
+    """Runs nothing: each submitted cell ends at the next poll as its strategy's script says, one word per
+    submission ("ok", "lost", "error", "twice": reported finished two times)."""
+
+    description = "scripted"
+
+    def __init__(self, script: dict[str, list[str]], at_once: int = 2) -> None:
+        self.script, self.at_once = {k: list(v) for k, v in script.items()}, at_once
+        self.submitted: list[str] = []
+        self.running: list = []
+        self.closed: list[bool] = []
+
+    def check(self, cells):
+        pass
+
+    def capacity(self):
+        return self.at_once
+
+    def submit(self, cell):
+        assert len(self.running) < self.at_once, "the runner submitted more cells than run at once"
+        self.submitted.append(cell.overrides["strategy"])
+        self.running.append(cell)
+
+    def poll(self, timeout):
+        outcomes = []
+        for cell in self.running:
+            words = self.script.get(cell.overrides["strategy"], [])
+            word = words.pop(0) if words else "ok"
+            if word == "lost":
+                outcomes.append(grid_module.Outcome(cell, lost="NodeDiedError: its node died"))
+            elif word == "error":
+                outcomes.append(grid_module.Outcome(cell, error="ValueError: bad cell", details="Traceback ..."))
+            else:
+                outcomes += [grid_module.Outcome(cell, result=fake_result())] * (2 if word == "twice" else 1)
+        self.running = []
+        return outcomes
+
+    def close(self, cancel=False):
+        self.closed.append(cancel)
+
+
+def test_the_runner_writes_each_cell_once_reruns_lost_cells_and_records_failures(tiny_model, tmp_path):
+    """Only the runner writes rows: a lost cell runs again, a cell reported twice gets one row, a failed cell a row
+    with its reason that the reports never see, and the next run tries it again and replaces that row."""
+    runner = BenchRunner(parse_bench(three_cells(tiny_model, tmp_path / "bench")))
+    executor = ScriptedExecutor({"none-fed": ["lost", "ok"], "fedavg": ["error"], "fedrapp": ["twice"]})
+    runner.run(progress=False, executor=executor)
+    assert executor.submitted == ["none-fed", "fedavg", "none-fed", "fedrapp"]  # the lost cell first in line again
+    assert executor.closed == [False]
+    everything = read_rows(runner.bench_dir, failed=True)
+    assert sorted(r["config"]["strategy"] for r in everything) == ["fedavg", "fedrapp", "none-fed"]  # once each
+    failed = next(r for r in everything if r["status"] == "failed")
+    assert failed["config"]["strategy"] == "fedavg" and failed["error"] == "ValueError: bad cell"
+    assert failed["details"] == "Traceback ..." and failed["grids"]["main"]["labels"]["strategy"] == "fedavg"
+    assert [r["config"]["strategy"] for r in read_rows(runner.bench_dir)] == ["none-fed", "fedrapp"]
+    assert list(runner.failures.values()) == ["ValueError: bad cell"]
+    assert all(r["host"] and "ray_node" in r for r in read_rows(runner.bench_dir))
+
+    again = BenchRunner(parse_bench(three_cells(tiny_model, tmp_path / "bench")))
+    assert (
+        [c.overrides["strategy"] for c in again.pending()]
+        == ["fedavg"]
+        == [c.overrides["strategy"] for c in again.failed_before()]
+    )
+    executor = ScriptedExecutor({})
+    again.run(progress=False, executor=executor)
+    assert executor.submitted == ["fedavg"]
+    everything = read_rows(runner.bench_dir, failed=True)
+    assert len(everything) == 3 and all(r["status"] == "ok" for r in everything)
+
+
+def test_a_cell_lost_again_and_again_fails_and_the_grid_goes_on(tiny_model, tmp_path):
+    runner = BenchRunner(parse_bench(three_cells(tiny_model, tmp_path / "bench")))
+    executor = ScriptedExecutor({"fedavg": ["lost"] * grid_module.MAX_LOSSES}, at_once=1)
+    runner.run(progress=False, executor=executor)
+    assert executor.submitted.count("fedavg") == grid_module.MAX_LOSSES
+    assert runner.failures == {
+        runner.spec.cells[1].id: f"lost {grid_module.MAX_LOSSES} times, last: NodeDiedError: its node died"
+    }
+    assert [r["config"]["strategy"] for r in read_rows(runner.bench_dir)] == ["none-fed", "fedrapp"]
+
+
+def test_progress_counts_cells_and_estimates_the_time_left_from_finished_cells():
+    now = [0.0]
+    progress = grid_module.Progress(10, clock=lambda: now[0])
+    cells = [grid_module.Cell({}, f"k{i}") for i in range(5)]
+    assert progress.text(2) == "0/10 done, 0 running, time left: after the first cell"
+    for cell in cells[:4]:
+        progress.started(cell)
+    now[0] = 60.0
+    progress.finished(cells[0], 60.0)
+    progress.finished(cells[1], 60.0)
+    progress.started(cells[4])
+    now[0] = 90.0
+    progress.failed_one(cells[2])
+    # 6 queued x 60 s + 2 running with 30 s and 0 s left of the 60 s mean, spread over 2 at once
+    assert progress.seconds_left(2) == pytest.approx((5 * 60 + 30 + 0) / 2 + 0)
+    assert progress.text(2) == "2/10 done, 2 running, 1 failed, about 3 min left"
+    assert progress.seconds_left(100) == pytest.approx(30.0)  # never less than the longest-running cell needs
+    assert [grid_module.format_duration(s) for s in (0.4, 59, 61, 3600 + 5 * 60)] == [
+        "0 s",
+        "59 s",
+        "1 min",
+        "1 h 05 min",
+    ]
+
+
+def test_local_workers_get_a_gpu_each_round_robin(monkeypatch):
+    assert grid_module.worker_gpus(4, ["0", "1"]) == ["0", "1", "0", "1"]
+    assert grid_module.worker_gpus(2, ["3", "5", "7"]) == ["3", "5"]
+    assert grid_module.worker_gpus(2, []) is None  # no GPU: the workers run as the cells' device says
+    monkeypatch.setattr("fedrapp_app.engine.devices.host_gpu_count", lambda: 2)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "4,6")
+    assert grid_module.host_gpus() == ["4", "6"]  # this process's GPUs, by the names it was given
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
+    assert grid_module.host_gpus() == ["0", "1"]
+    executor = grid_module.LocalExecutor(4, Path("/unused"), gpus=["0", "1"])
+    assert executor.description == "4 worker processes on GPUs 0, 1, 2 per GPU"
+    with pytest.raises(BenchError, match=r"device='cuda:1', but each worker process sees only its own GPU"):
+        executor.check([grid_module.Cell({"device": "cuda:1"}, "k")])
+
+
+def test_refusals_come_before_any_cell_in_one_line(tiny_model, tmp_path, capsys):
+    import fcntl
+
+    from fedrapp_app.bench.__main__ import main
+    from fedrapp_app.bench.ray_cells import check_head_answers
+    from fedrapp_app.launch import free_port
+
+    source = three_cells(tiny_model, tmp_path / "bench")
+    BenchRunner(parse_bench(source)).run(progress=False, executor=ScriptedExecutor({}, at_once=3))
+    # a bench folder written by another bench file
+    other = BenchRunner(parse_bench({**source, "name": "other"}))
+    with pytest.raises(BenchError, match=r"holds the grid of bench file 'tiny' .*--out .*/other\b"):
+        other.run(progress=False, executor=ScriptedExecutor({}))
+    # a second runner on the same folder
+    source["grids"]["main"]["axes"]["seed"] = [0, 1]
+    with open(tmp_path / "bench" / grid_module.LOCK_FILE, "a+") as held:
+        fcntl.flock(held.fileno(), fcntl.LOCK_EX)
+        executor = ScriptedExecutor({})
+        with pytest.raises(BenchError, match="one runner per bench folder"):
+            BenchRunner(parse_bench(source)).run(progress=False, executor=executor)
+        assert executor.submitted == []
+    # a Ray head that does not answer
+    port = free_port()
+    with pytest.raises(BenchError, match=rf"127.0.0.1:{port}: the Ray head does not answer .*ray start --head"):
+        check_head_answers(f"127.0.0.1:{port}")
+    yaml_file = tmp_path / "tiny.yaml"
+    yaml_file.write_text(json.dumps({**source, "output": str(tmp_path / "fresh")}))
+    capsys.readouterr()
+    assert main([str(yaml_file), "--ray-address", f"127.0.0.1:{port}"]) == 2
+    err = capsys.readouterr().err
+    assert (
+        err.startswith(f"error: --ray-address 127.0.0.1:{port}: the Ray head does not answer") and err.count("\n") == 1
+    )
+    assert not (tmp_path / "fresh").exists()  # nothing ran, nothing was written
+    for flags, message in (
+        (["--gpus-per-cell", "1"], "--gpus-per-cell ask Ray for resources: add --ray-address"),
+        (["--ray-address", "auto", "--workers", "2"], "--workers is for one host"),
+    ):
+        assert main([str(yaml_file), *flags]) == 2
+        err = capsys.readouterr().err
+        assert message in err and err.count("\n") == 1
+
+
+def node(gpus: float, cpus: float, alive: bool = True) -> dict:
+    """An entry of ray.nodes()."""
+    return {"Alive": alive, "Resources": {"GPU": gpus, "CPU": cpus} if alive else {}}
+
+
+def test_ray_resources_are_checked_against_the_nodes_before_any_cell():
+    from fedrapp_app.bench.ray_cells import cells_at_once, check_cpus_per_cell, resolve_gpus_per_cell
+
+    cells = [grid_module.Cell({}, "k")]  # device auto
+    nodes = [node(1, 4), node(2, 8), node(8, 64, alive=False)]  # the 8-GPU node is dead
+    with pytest.raises(BenchError, match=r"--gpus-per-cell 4, but no node .* alive node\(s\): 1, 2\).*2 or less"):
+        resolve_gpus_per_cell(4, nodes, cells)
+    with pytest.raises(BenchError, match="a fraction below 1"):
+        resolve_gpus_per_cell(1.5, nodes, cells)
+    assert resolve_gpus_per_cell(None, nodes, cells)[0] == 1.0  # a whole GPU per cell by default
+    assert resolve_gpus_per_cell(None, [node(0, 4)], cells) == (0.0, None)  # no GPU in the cluster: on the CPU
+    with pytest.raises(BenchError, match="has no GPU|that many GPUs.*--gpus-per-cell 0"):
+        resolve_gpus_per_cell(1, [node(0, 4)], cells)
+    with pytest.raises(BenchError, match="device='cuda' with no GPU share"):
+        resolve_gpus_per_cell(0, nodes, [grid_module.Cell({"device": "cuda"}, "k")])
+    with pytest.raises(BenchError, match="device='cuda:1': a Ray task sees only"):
+        resolve_gpus_per_cell(1, nodes, [grid_module.Cell({"device": "cuda:1"}, "k")])
+    with pytest.raises(BenchError, match=r"--cpus-per-cell 16, but .*: 4, 8\).*8 or less"):
+        check_cpus_per_cell(16, nodes)
+    assert cells_at_once(nodes, 1.0, 1.0) == 1 + 2
+    assert cells_at_once(nodes, 0.5, 2.0) == 2 + 4
+    assert cells_at_once([node(1, 16)], 0.1, 1.0) == 10  # 1 / 0.1 is 9.999... in floating point
+    assert cells_at_once(nodes, 0.0, 3.0) == 1 + 2  # CPU-bound
+
+
+def test_dry_run_estimates_the_paper_grid_on_one_h200_and_on_eight(capsys, tmp_path):
+    from fedrapp_app.bench.__main__ import main
+    from fedrapp_app.bench.estimate import GPU_CLASSES, cell_estimate, gpu_class_of, host_gpu_class, wall_minutes
+
+    paper = Path(__file__).resolve().parents[1] / "conf" / "bench" / "paper.yaml"
+    assert main([str(paper), "--dry-run", "--out", str(tmp_path), "--gpu-type", "h200", "--gpus", "8"]) == 0
+    out = capsys.readouterr().out
+    minutes = [cell_estimate(c.overrides, GPU_CLASSES["h200"])[0] for c in load_bench(paper).cells]
+    assert len(minutes) == 210
+    hours_one, minutes_eight = wall_minutes(minutes, 1) / 60, wall_minutes(minutes, 8)
+    assert f"210 of 210 cells: {sum(minutes) / 60:.1f} GPU-hours; on 1 GPU about {hours_one:.1f} h, on 8 GPUs " \
+           f"about {minutes_eight:.0f} min" in out  # fmt: skip
+    assert sum(minutes) / 8 <= minutes_eight <= sum(minutes) / 8 + max(minutes)
+    assert "estimate on NVIDIA H200 SXM" in out and "up to 21.0 GB of GPU memory per cell" in out
+    assert cell_estimate({"dataset": "testbed"}, GPU_CLASSES["h200"]) == "dataset 'testbed'"
+    assert wall_minutes([5, 1, 1, 1, 1, 1], 2) == 5 and wall_minutes([2] * 8, 8) == 2
+    names = (
+        "NVIDIA H200",
+        "NVIDIA H100 PCIe",
+        "NVIDIA H100 80GB HBM3",
+        "NVIDIA A100-SXM4-80GB",
+        "NVIDIA L4",
+        "Tesla V100",
+    )
+    assert [gpu_class_of(n) for n in names] == ["h200", "h100-pcie", "h100", "a100", "l4", None]
+    (tmp_path / "gpus" / "0000:01:00.0").mkdir(parents=True)
+    (tmp_path / "gpus" / "0000:01:00.0" / "information").write_text("Model: \t\t NVIDIA H100 80GB HBM3\nIRQ: 1\n")
+    assert host_gpu_class(tmp_path / "gpus") == "h100" and host_gpu_class(tmp_path / "none") is None
+
+
+def test_failed_rows_stay_out_of_the_reports(tiny_model, tmp_path, monkeypatch):
+    runner = run_bench(two_cells(tiny_model, tmp_path / "bench"), monkeypatch, CountingRunCell())
+    rows = read_rows(runner.bench_dir)
+    failed = grid_module.make_failed_row("abc", "broken_abc", {"strategy": "fedavg"}, {}, "ValueError: no")
+    write_rows(runner.bench_dir, [*rows, failed])
+    assert read_rows(runner.bench_dir) == rows and read_rows(runner.bench_dir, failed=True)[-1] == failed
+    assert write_report(runner.bench_dir).is_file()

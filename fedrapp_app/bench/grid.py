@@ -1,30 +1,49 @@
-"""The grid runner: every pending cell through the real ServerApp body, strategy and ClientApp, in-process.
+"""The grid runner: every pending cell through the real ServerApp body, strategy and ClientApp.
 
 Each cell is ``run_server(InProcessGrid(client_app, num-clients, config), config)``, exactly what
-``flwr run`` executes, writing its run folder to ``<bench-dir>/runs/<cell>``. After each cell its row is
-added to ``<bench-dir>/cells.jsonl`` (atomically); cells whose identity key already has a row are skipped,
-and a cell that was cut short continues from its last checkpointed round, so an interrupted grid resumes
-where it stopped. ``workers > 1`` runs cells in parallel processes (each
-with ``threads`` torch threads).
+``flwr run`` executes, writing its run folder to ``<bench-dir>/runs/<cell>``. One runner (:class:`BenchRunner`)
+hands the pending cells to an executor, which only runs them:
+
+* :class:`InlineExecutor` (``--workers 1``): one cell after the other in this process;
+* :class:`LocalExecutor` (``--workers N``): N worker processes on this host, each with ``threads`` torch threads
+  and, on a GPU host, a GPU of its own (``CUDA_VISIBLE_DEVICES``; round-robin when there are more workers
+  than GPUs);
+* :class:`~fedrapp_app.bench.ray_cells.RayExecutor` (``--ray-address``): one Ray task per cell, on any node of a
+  Ray cluster, with the GPUs and CPUs a cell asks for.
+
+Only the runner writes ``<bench-dir>/cells.jsonl`` (through a rename, after every cell), so the bench folder is the
+single record whoever runs the cells: a cell with a row is skipped, and never gets a second one; a cell lost with its
+worker process or node is run again (at most :data:`MAX_LOSSES` times); a cell that fails gets a row with its reason
+(the grid goes on; the next run tries it again); an interrupted grid resumes where it stopped, a cell that was cut
+short from its last checkpointed round. A lock on ``<bench-dir>/.lock`` keeps a second runner out.
 """
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
 import logging
+import math
 import multiprocessing
+import os
+import socket
+import sys
 import time
-from collections.abc import Callable, Mapping
+import traceback
+from collections import Counter, deque
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
-from dataclasses import dataclass
+from concurrent.futures.process import BrokenProcessPool
+from contextlib import contextmanager
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import yaml
 from tqdm import tqdm
 
-from fedrapp_app.bench.rows import make_row, read_rows, write_rows, write_text_atomic
+from fedrapp_app.bench.rows import make_failed_row, make_row, read_rows, write_rows, write_text_atomic
 from fedrapp_app.bench.schema import BenchError, BenchSpec, Cell, irrelevant_keys
 from fedrapp_app.config import DEFAULTS, ConfigError, RunConfig
 from fedrapp_app.results import git_state
@@ -32,6 +51,11 @@ from fedrapp_app.results import git_state
 log = logging.getLogger("fedrapp.bench")
 
 RUNS_DIR = "runs"
+LOCK_FILE = ".lock"
+#: How often a cell may be lost with its worker process or node before it counts as failed.
+MAX_LOSSES = 3
+#: Seconds between two looks at the running cells (the progress line is refreshed as often).
+POLL_SECONDS = 2.0
 
 
 @dataclass(frozen=True)
@@ -42,6 +66,25 @@ class CellResult:
     rounds: list[dict[str, Any]]
     domains: list[str | None]
     seconds: float
+    #: Where the cell ran (:func:`where_this_runs`): recorded in its row, never part of its results.
+    ran_on: dict[str, Any] = field(default_factory=dict)
+
+
+def where_this_runs() -> dict[str, Any]:
+    """The host, the Ray node (in a Ray task, else None) and the GPUs (``CUDA_VISIBLE_DEVICES``) of this process."""
+    ray = sys.modules.get("ray")
+    node = ray.get_runtime_context().get_node_id() if ray is not None and ray.is_initialized() else None
+    return {
+        "host": socket.gethostname(),
+        "ray_node": node,
+        "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
+    }
+
+
+def reason(err: BaseException, limit: int = 500) -> str:
+    """An exception in one line: its type and message, whitespace folded, at most ``limit`` characters."""
+    text = f"{type(err).__name__}: {' '.join(str(err).split())}"
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def model_fingerprint(model: str) -> str | None:
@@ -113,10 +156,116 @@ def run_cell(
     seconds = time.perf_counter() - start
     run_dir = Path(summary["run_dir"])
     rounds = [json.loads(line) for line in (run_dir / "rounds.jsonl").read_text().splitlines() if line]
-    return CellResult(summary, rounds, client_domains(validated.data_spec()), seconds)
+    return CellResult(summary, rounds, client_domains(validated.data_spec()), seconds, where_this_runs())
 
 
-def _worker_init(threads: int | None) -> None:
+# ------------------------------------------------------------------------------------------------ executors
+@dataclass(frozen=True)
+class Outcome:
+    """What an executor reports for a cell that stopped running: its result, or why it failed, or that it was lost.
+
+    ``error``: the cell raised (one line, :func:`reason`; ``details`` may hold its traceback); ``lost``: its worker
+    process or node died under it, which says nothing about the cell: the runner runs it again.
+    """
+
+    cell: Cell
+    result: CellResult | None = None
+    error: str | None = None
+    lost: str | None = None
+    details: str | None = None
+
+
+class Executor(Protocol):
+    """Runs cells for :class:`BenchRunner`, which alone decides what runs and writes the rows."""
+
+    #: Where the cells run, for the user (e.g. "2 worker processes on GPUs 0, 1").
+    description: str
+
+    def check(self, cells: Sequence[Cell]) -> None:
+        """Raise ``BenchError`` (one line, naming the fix) if these cells cannot run here; called before any starts."""
+
+    def capacity(self) -> int:
+        """How many cells may run at once now (>= 1; ``BenchError`` when none ever could any more)."""
+
+    def submit(self, cell: Cell) -> None:
+        """Start ``cell`` (or queue it to start at the next :meth:`poll`)."""
+
+    def poll(self, timeout: float) -> list[Outcome]:
+        """The submitted cells that stopped running, waiting up to ``timeout`` seconds for the first."""
+
+    def close(self, cancel: bool = False) -> None:
+        """Release the workers; ``cancel``: stop the running cells first (Ctrl-C, an error in the runner)."""
+
+
+def cell_device(cell: Cell) -> str:
+    """The ``device`` a cell asks for (its override, else the default)."""
+    return str(cell.overrides.get("device", DEFAULTS["device"]))
+
+
+class InlineExecutor:
+    """``--workers 1``: each cell runs in this process, when :meth:`poll` is called (Ctrl-C stops it at once)."""
+
+    description = "in this process"
+
+    def __init__(
+        self, runs_dir: Path, threads: int | None = 1, on_round: Callable[[Cell, int], None] | None = None
+    ) -> None:
+        self.runs_dir, self.threads, self.on_round = Path(runs_dir), threads, on_round
+        self._queue: deque[Cell] = deque()
+
+    def check(self, cells: Sequence[Cell]) -> None:
+        quiet_flower()
+        set_threads(self.threads)
+
+    def capacity(self) -> int:
+        return 1
+
+    def submit(self, cell: Cell) -> None:
+        self._queue.append(cell)
+
+    def poll(self, timeout: float) -> list[Outcome]:
+        if not self._queue:
+            return []
+        cell = self._queue.popleft()
+
+        def on_round(round_number: int, strategy: Any) -> None:
+            if self.on_round is not None:
+                self.on_round(cell, round_number)
+
+        try:
+            result = run_cell(cell.overrides, cell.id, self.runs_dir, on_round)
+        except Exception as err:  # noqa: BLE001 - one broken cell must not lose the others
+            return [Outcome(cell, error=reason(err), details=traceback.format_exc())]
+        return [Outcome(cell, result=result)]
+
+    def close(self, cancel: bool = False) -> None:
+        self._queue.clear()
+
+
+def host_gpus() -> list[str]:
+    """The GPUs this host offers a new process, as ``CUDA_VISIBLE_DEVICES`` entries: this process's own list when
+    it has one (``"2,3"`` -> ``["2", "3"]``), else ``"0"`` ... ``"N-1"``; empty without an NVIDIA driver."""
+    from fedrapp_app.engine.devices import host_gpu_count  # no torch
+
+    count = host_gpu_count()
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is None:
+        return [str(i) for i in range(count)]
+    return [entry.strip() for entry in visible.split(",")][:count]
+
+
+def worker_gpus(workers: int, gpus: Sequence[str]) -> list[str] | None:
+    """The ``CUDA_VISIBLE_DEVICES`` of each of ``workers`` local worker processes: one GPU each, round-robin over
+    ``gpus`` (two workers per GPU when there are twice as many workers as GPUs); None on a host without GPUs."""
+    if not gpus:
+        return None
+    return [gpus[i % len(gpus)] for i in range(workers)]
+
+
+def _worker_init(threads: int | None, gpu_slots: Any = None) -> None:
+    # Before the first CUDA call of this process (the cell loads the model later), so that it sees one GPU, as cuda:0
+    if gpu_slots is not None:
+        os.environ["CUDA_VISIBLE_DEVICES"] = gpu_slots.get_nowait()
     quiet_flower()
     set_threads(threads)
 
@@ -143,6 +292,175 @@ def _run_in_worker(overrides: dict[str, Any], cell_id: str, runs_dir: str) -> Ce
     return run_cell(overrides, cell_id, Path(runs_dir))
 
 
+class LocalExecutor:
+    """``--workers N``: cells in N spawned worker processes of this host, each on a GPU of its own when there are
+    GPUs (``gpus``: the host's, :func:`host_gpus`). A worker that dies (killed, out of memory) breaks the pool: its
+    cells are reported lost and a new pool takes the next ones."""
+
+    def __init__(
+        self,
+        workers: int,
+        runs_dir: Path,
+        threads: int | None = 1,
+        gpus: Sequence[str] | None = None,
+        task: Callable[[dict[str, Any], str, str], Any] = _run_in_worker,
+    ) -> None:
+        self.workers, self.runs_dir, self.threads, self.task = workers, Path(runs_dir), threads, task
+        self.placement = worker_gpus(workers, host_gpus() if gpus is None else gpus)
+        self._pool: ProcessPoolExecutor | None = None
+        self._running: dict[Future, Cell] = {}
+        if self.placement is None:
+            self.description = f"{workers} worker processes"
+        else:
+            gpus_used = list(dict.fromkeys(self.placement))
+            shared = f", {math.ceil(workers / len(gpus_used))} per GPU" if workers > len(gpus_used) else ""
+            self.description = f"{workers} worker processes on GPUs {', '.join(gpus_used)}{shared}"
+
+    def check(self, cells: Sequence[Cell]) -> None:
+        if self.placement is None:
+            return
+        from fedrapp_app.engine.devices import parse_device
+
+        for cell in cells:
+            kind, index = parse_device(cell_device(cell))
+            if kind == "cuda" and index:
+                raise BenchError(
+                    f"cell {cell.id} has device='cuda:{index}', but each worker process sees only its own GPU, "
+                    "as cuda:0 (--workers places the workers on the host's GPUs): use device='cuda' or 'auto' "
+                    "(e.g. --set device=cuda)"
+                )
+
+    def capacity(self) -> int:
+        return self.workers
+
+    def _new_pool(self) -> ProcessPoolExecutor:
+        # spawn: a fresh interpreter per worker (fork after torch has started threads is unsafe)
+        context = multiprocessing.get_context("spawn")
+        slots = None
+        if self.placement is not None:  # one entry per worker: the pool never starts more than `workers` processes
+            slots = context.Queue()
+            for gpu in self.placement:
+                slots.put(gpu)
+        return ProcessPoolExecutor(
+            self.workers, mp_context=context, initializer=_worker_init, initargs=(self.threads, slots)
+        )
+
+    def submit(self, cell: Cell) -> None:
+        if self._pool is None:
+            self._pool = self._new_pool()
+        self._running[self._pool.submit(self.task, dict(cell.overrides), cell.id, str(self.runs_dir))] = cell
+
+    def poll(self, timeout: float) -> list[Outcome]:
+        if not self._running:
+            return []
+        done, _ = wait(self._running, timeout=timeout, return_when=FIRST_COMPLETED)
+        outcomes = []
+        for future in done:
+            cell = self._running.pop(future)
+            try:
+                result = future.result()
+            except BrokenProcessPool as err:
+                outcomes.append(Outcome(cell, lost=f"a worker process died ({reason(err, 200)})"))
+            except Exception as err:  # noqa: BLE001 - the cell's own error, raised in the worker
+                outcomes.append(Outcome(cell, error=reason(err), details="".join(traceback.format_exception(err))))
+            else:
+                outcomes.append(Outcome(cell, result=result))
+        if any(o.lost for o in outcomes) and self._pool is not None:
+            stop_pool(self._pool)  # broken: its other cells end lost too; the next submit starts a new pool
+            self._pool = None
+        return outcomes
+
+    def close(self, cancel: bool = False) -> None:
+        if self._pool is None:
+            return
+        if cancel:
+            # Ctrl-C / SIGTERM (or a bug): leaving the pool normally would wait for every queued cell to run; cancel
+            # them and stop the workers now. Finished cells already have their rows.
+            stop_pool(self._pool)
+        else:
+            self._pool.shutdown()
+        self._pool = None
+        self._running.clear()
+
+
+# ------------------------------------------------------------------------------------------------- progress
+def format_duration(seconds: float) -> str:
+    """``42 s``, ``7 min``, ``3 h 05 min`` (rounded; the estimate is no more precise)."""
+    if seconds < 60:
+        return f"{max(0, round(seconds))} s"
+    minutes = round(seconds / 60)
+    return f"{minutes} min" if minutes < 60 else f"{minutes // 60} h {minutes % 60:02d} min"
+
+
+class Progress:
+    """Cells done, running and failed in this run, and the time left, estimated from the cells finished so far.
+
+    The time left is the larger of (a) the queued cells' mean run time plus what is left of the running cells',
+    spread over the cells that run at once, and (b) what is left of the longest-running cell.
+    """
+
+    def __init__(self, total: int, clock: Callable[[], float] = time.monotonic) -> None:
+        self.total, self.clock = total, clock
+        self.done = self.failed = 0
+        self.durations: list[float] = []
+        self.running: dict[str, float] = {}  # cell key -> start
+
+    def started(self, cell: Cell) -> None:
+        self.running[cell.key] = self.clock()
+
+    def lost(self, cell: Cell) -> None:
+        self.running.pop(cell.key, None)
+
+    def finished(self, cell: Cell, seconds: float) -> None:
+        self.running.pop(cell.key, None)
+        self.done += 1
+        self.durations.append(seconds)
+
+    def failed_one(self, cell: Cell) -> None:
+        self.running.pop(cell.key, None)
+        self.failed += 1
+
+    def seconds_left(self, at_once: int) -> float | None:
+        """Estimated seconds until every cell has ended (None before the first one finished)."""
+        if not self.durations:
+            return None
+        mean = sum(self.durations) / len(self.durations)
+        now = self.clock()
+        running_left = [max(mean - (now - start), 0.0) for start in self.running.values()]
+        queued = self.total - self.done - self.failed - len(self.running)
+        spread = (queued * mean + sum(running_left)) / max(1, at_once)
+        return max(spread, max(running_left, default=0.0))
+
+    def text(self, at_once: int) -> str:
+        """E.g. ``3/12 done, 2 running, 1 failed, about 4 min left``."""
+        left = self.seconds_left(at_once)
+        eta = "time left: after the first cell" if left is None else f"about {format_duration(left)} left"
+        failed = f", {self.failed} failed" if self.failed else ""
+        return f"{self.done}/{self.total} done, {len(self.running)} running{failed}, {eta}"
+
+
+def _where(result: CellResult) -> str:
+    """`` on <host>, GPU 3`` for a progress line (empty when the result does not say)."""
+    host, gpus = result.ran_on.get("host"), result.ran_on.get("cuda_visible_devices")
+    return (f" on {host}" if host else "") + (f", GPU {gpus}" if gpus else "")
+
+
+class ProgressBar(tqdm):
+    """tqdm's bar with the grid's status after it (``{status}``, :meth:`Progress.text`) instead of its rate and ETA,
+    which count cells as if they ran one at a time."""
+
+    status = ""
+
+    @property
+    def format_dict(self) -> dict[str, Any]:
+        return {**super().format_dict, "status": self.status}
+
+    def show(self, status: str) -> None:
+        self.status = status
+        self.refresh()
+
+
+# --------------------------------------------------------------------------------------------------- runner
 class BenchRunner:
     """Runs the pending cells of a :class:`BenchSpec` into ``bench_dir`` and keeps ``cells.jsonl`` current."""
 
@@ -150,8 +468,14 @@ class BenchRunner:
         self.spec = spec
         self.bench_dir = Path(bench_dir or spec.output).expanduser().resolve()
         self.runs_dir = self.bench_dir / RUNS_DIR
-        self.rows = read_rows(self.bench_dir)
-        self.failures: dict[str, str] = {}
+        self.rows: list[dict[str, Any]] = []  # finished cells
+        self.failed_rows: dict[str, dict[str, Any]] = {}  # cell key -> the row of its last failure
+        for row in read_rows(self.bench_dir, failed=True):
+            if row.get("status") == "failed":
+                self.failed_rows[row["key"]] = row
+            else:
+                self.rows.append(row)
+        self.failures: dict[str, str] = {}  # this run's: cell id -> reason
         self._fingerprints: dict[str, str | None] = {}
         # The code a long grid runs is the code it started with, whatever HEAD says later.
         self.git = git_state(Path(__file__).resolve().parent)
@@ -160,9 +484,13 @@ class BenchRunner:
         return {m.grid: m.to_json(self.spec.oracles) for m in cell.memberships}
 
     def pending(self) -> list[Cell]:
-        """Cells without a row, in the file's order."""
+        """Cells without a finished row (failed ones included: they run again), in the file's order."""
         done = {row["key"] for row in self.rows}
         return [cell for cell in self.spec.cells if cell.key not in done]
+
+    def failed_before(self) -> list[Cell]:
+        """Pending cells whose last run failed (their rows say why)."""
+        return [cell for cell in self.pending() if cell.key in self.failed_rows]
 
     def refresh_labels(self) -> None:
         """Give finished rows the labels the YAML gives them now (a renamed variant needs no rerun)."""
@@ -174,13 +502,36 @@ class BenchRunner:
                 row["grids"] = self.memberships(cell)
                 changed = True
         if changed:
-            write_rows(self.bench_dir, self.rows)
+            self._write()
 
     def fingerprint(self, overrides: Mapping[str, Any]) -> str | None:
         model = str(overrides.get("model", DEFAULTS["model"]))
         if model not in self._fingerprints:
             self._fingerprints[model] = model_fingerprint(model)
         return self._fingerprints[model]
+
+    def check(self) -> None:
+        """Refuse a bench folder of another bench file, and finished rows of another experiment (``BenchError``)."""
+        self.check_folder()
+        self.check_finished()
+
+    def check_folder(self) -> None:
+        """Refuse a bench folder whose ``bench.yaml`` is another bench file's (another ``name``): its rows would
+        be mixed with this file's in one report."""
+        stored = self.bench_dir / "bench.yaml"
+        if not stored.is_file():
+            return
+        try:
+            source = yaml.safe_load(stored.read_text())
+        except yaml.YAMLError:
+            source = None
+        name = source.get("name") if isinstance(source, dict) else None
+        if name is not None and str(name) != self.spec.name:
+            raise BenchError(
+                f"{self.bench_dir} holds the grid of bench file {name!r} (its bench.yaml), not of {self.spec.name!r}: "
+                f"run this file into a folder of its own (--out {self.bench_dir.parent / self.spec.name}), or delete "
+                f"{self.bench_dir} to start over"
+            )
 
     def check_finished(self) -> None:
         """Refuse to add cells to rows computed with other weights or other defaults than the current ones.
@@ -220,6 +571,31 @@ class BenchRunner:
         changed = [f"{k}: {old[k]!r} -> {now[k]!r}" for k in now if k in old and k not in skip and old[k] != now[k]]
         return ", ".join(changed)
 
+    @contextmanager
+    def _lock(self) -> Iterator[None]:
+        """Hold ``<bench-dir>/.lock`` (one runner per bench folder: two would overwrite each other's rows)."""
+        with open(self.bench_dir / LOCK_FILE, "a+") as f:
+            try:
+                fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                f.seek(0)
+                holder = f.read().strip() or "another process"
+                raise BenchError(
+                    f"{self.bench_dir} is being written by {holder}: one runner per bench folder. Wait for it to "
+                    "end, or stop it (Ctrl-C, or kill -INT <pid>) and run this command again to resume"
+                ) from None
+            f.seek(0)
+            f.truncate()
+            f.write(f"python -m fedrapp_app.bench (PID {os.getpid()} on {socket.gethostname()})")
+            f.flush()
+            try:
+                yield
+            finally:
+                fcntl.flock(f.fileno(), fcntl.LOCK_UN)
+
+    def _write(self) -> None:
+        write_rows(self.bench_dir, [*self.rows, *self.failed_rows.values()])
+
     def _finish(self, cell: Cell, result: CellResult) -> None:
         row = make_row(
             cell.key,
@@ -233,77 +609,107 @@ class BenchRunner:
         )
         row["model_fingerprint"] = self.fingerprint(cell.overrides)
         row["bench_git"] = self.git
+        row.update(result.ran_on)
         self.rows.append(row)
-        write_rows(self.bench_dir, self.rows)  # after every cell: an interruption loses at most running cells
+        self.failed_rows.pop(cell.key, None)
+        self._write()  # after every cell: an interruption loses at most running cells
+
+    def _failed(self, cell: Cell, outcome: Outcome) -> None:
+        self.failures[cell.id] = outcome.error or "unknown error"
+        self.failed_rows[cell.key] = make_failed_row(
+            cell.key, cell.id, cell.overrides, self.memberships(cell), self.failures[cell.id], outcome.details
+        )
+        self._write()
 
     def run(
-        self, workers: int = 1, threads: int | None = 1, limit: int | None = None, progress: bool = True
+        self,
+        workers: int = 1,
+        threads: int | None = 1,
+        limit: int | None = None,
+        progress: bool = True,
+        executor: Executor | None = None,
     ) -> list[dict[str, Any]]:
-        """Run every pending cell (at most ``limit``); return all rows. Failed cells are listed in ``failures``."""
-        self.check_finished()
+        """Run every pending cell (at most ``limit``); return the finished rows. Failed cells get a row that says
+        why and are listed in ``failures``. ``executor`` runs the cells (default: this process for ``workers``
+        1, else :class:`LocalExecutor`); every check (folder, finished rows, the executor's) comes before any cell
+        starts."""
+        self.check()
         self.bench_dir.mkdir(parents=True, exist_ok=True)
-        write_text_atomic(self.bench_dir / "bench.yaml", yaml.safe_dump(self.spec.source, sort_keys=False))
-        self.refresh_labels()
-        todo = self.pending()[:limit]
-        skipped = len(self.spec.cells) - len(self.pending())
-        bar = tqdm(
-            total=len(todo),
-            desc=f"{self.spec.name} ({skipped} done before)",
-            unit="cell",
-            disable=not progress,
-            dynamic_ncols=True,
-        )
-        try:
-            if workers <= 1:
-                self._run_serial(todo, threads, bar)
-            else:
-                self._run_parallel(todo, workers, threads, bar)
-        finally:
-            bar.close()
+        with self._lock():
+            todo = self.pending()[:limit]
+            skipped = len(self.spec.cells) - len(self.pending())
+            # the bar on a terminal; elsewhere (a log file, a batch job) one line per cell that ends
+            bar = ProgressBar(
+                total=len(todo),
+                desc=f"{self.spec.name} ({skipped} done before)",
+                unit="cell",
+                disable=not (progress and sys.stderr.isatty()),
+                dynamic_ncols=True,
+                bar_format="{desc}: {percentage:3.0f}%|{bar}| {status}",
+            )
+            if executor is None:
+                if workers <= 1:
+                    executor = InlineExecutor(
+                        self.runs_dir,
+                        threads,
+                        lambda cell, n: bar.show(f"{bar.status.split(';')[0]}; {cell.id} round {n}"),
+                    )
+                else:
+                    executor = LocalExecutor(workers, self.runs_dir, threads)
+            try:
+                executor.check(todo)
+                source = {"name": self.spec.name, **{k: v for k, v in self.spec.source.items() if k != "name"}}
+                write_text_atomic(self.bench_dir / "bench.yaml", yaml.safe_dump(source, sort_keys=False))
+                self.refresh_labels()
+                self._run_cells(todo, executor, bar, progress)
+            except BaseException:
+                # Ctrl-C / SIGTERM, a refusal, or a bug here: stop the running cells now (their rows are not
+                # written; they run again on resume). Finished cells already have their rows.
+                executor.close(cancel=True)
+                raise
+            finally:
+                bar.close()
+            executor.close()
         return self.rows
 
-    def _run_serial(self, todo: list[Cell], threads: int | None, bar: tqdm) -> None:
-        quiet_flower()
-        set_threads(threads)
-        for cell in todo:
-            bar.set_postfix_str(cell.id)
+    def _run_cells(self, todo: list[Cell], executor: Executor, bar: ProgressBar, progress: bool) -> None:
+        queue = deque(todo)
+        losses: Counter[str] = Counter()
+        state = Progress(len(todo))
 
-            def on_round(round_number: int, strategy: Any, cell: Cell = cell) -> None:
-                bar.set_postfix_str(f"{cell.id} round {round_number}")
+        def show(event: str | None = None) -> None:
+            text = state.text(executor.capacity())
+            bar.show(text)
+            if event and progress:
+                bar.write(f"{event} [{text}]", file=sys.stderr)
 
-            try:
-                result = run_cell(cell.overrides, cell.id, self.runs_dir, on_round)
-            except Exception as err:  # noqa: BLE001 - one broken cell must not lose the others
-                self._failed(cell, err)
-            else:
-                self._finish(cell, result)
-            bar.update()
-
-    def _run_parallel(self, todo: list[Cell], workers: int, threads: int | None, bar: tqdm) -> None:
-        # spawn: a fresh interpreter per worker (fork after torch has started threads is unsafe)
-        context = multiprocessing.get_context("spawn")
-        pool = ProcessPoolExecutor(workers, mp_context=context, initializer=_worker_init, initargs=(threads,))
-        try:
-            running: dict[Future, Cell] = {
-                pool.submit(_run_in_worker, dict(c.overrides), c.id, str(self.runs_dir)): c for c in todo
-            }
-            while running:
-                done, _ = wait(running, return_when=FIRST_COMPLETED)
-                for future in done:
-                    cell = running.pop(future)
-                    try:
-                        self._finish(cell, future.result())
-                    except Exception as err:  # noqa: BLE001
-                        self._failed(cell, err)
-                    bar.set_postfix_str(cell.id)
+        while queue or state.running:
+            while queue and len(state.running) < executor.capacity():
+                cell = queue.popleft()
+                executor.submit(cell)
+                state.started(cell)
+            show()
+            for outcome in executor.poll(POLL_SECONDS):
+                cell = outcome.cell
+                if cell.key not in state.running:  # a second word on a cell that ended: its row is written
+                    continue
+                if outcome.lost is not None:
+                    losses[cell.key] += 1
+                    state.lost(cell)
+                    if losses[cell.key] < MAX_LOSSES:
+                        queue.appendleft(cell)
+                        show(f"cell {cell.id} was lost ({outcome.lost}); running it again")
+                        continue
+                    outcome = Outcome(cell, error=f"lost {losses[cell.key]} times, last: {outcome.lost}")
+                if outcome.result is not None:
+                    self._finish(cell, outcome.result)
+                    state.finished(cell, outcome.result.seconds)
                     bar.update()
-        except BaseException:
-            # Ctrl-C / SIGTERM (or a bug here): leaving the pool's ``with`` would wait for every queued cell to
-            # run; cancel them and stop the workers now. Finished cells already have their rows.
-            stop_pool(pool)
-            raise
-        pool.shutdown()
-
-    def _failed(self, cell: Cell, err: BaseException) -> None:
-        self.failures[cell.id] = f"{type(err).__name__}: {err}"
-        log.error("cell %s failed: %s", cell.id, self.failures[cell.id])
+                    show(
+                        f"cell {cell.id} finished in {format_duration(outcome.result.seconds)}{_where(outcome.result)}"
+                    )
+                else:
+                    self._failed(cell, outcome)
+                    state.failed_one(cell)
+                    bar.update()
+                    show(f"cell {cell.id} failed: {self.failures[cell.id]}")

@@ -4,8 +4,12 @@ A row holds everything the reports need, so they never reopen a run folder: the 
 identity key, its labels in every grid, the run's summary numbers, per-round curves over all clients and
 per-client curves (accuracy, reliability r, memory rate mu, peer share gamma, the share of the peer weight
 that falls on clients of the same shift domain; with report-own-prompt also the own prompt's entropy and
-accuracy, and FedRAPP's trusts). The file is rewritten through a rename after each cell,
-so an interrupted grid leaves only whole rows behind.
+accuracy, and FedRAPP's trusts), and where the cell ran (``host``, ``ray_node``, ``cuda_visible_devices``). The
+file is rewritten through a rename after each cell, so an interrupted grid leaves only whole rows behind.
+
+A cell that failed has a row too, with ``"status": "failed"``, the reason in one line (``error``) and, where known,
+the traceback (``details``), so the grid's file says what is missing and why; :func:`read_rows` leaves these
+rows out unless asked (the reports never see them), and the runner runs those cells again.
 """
 
 from __future__ import annotations
@@ -49,8 +53,9 @@ def rows_path(bench_dir: str | Path) -> Path:
     return Path(bench_dir) / ROWS_FILE
 
 
-def read_rows(bench_dir: str | Path) -> list[dict[str, Any]]:
-    """The rows of ``bench_dir`` (empty when nothing finished yet)."""
+def read_rows(bench_dir: str | Path, failed: bool = False) -> list[dict[str, Any]]:
+    """The rows of the finished cells of ``bench_dir`` (empty when nothing finished yet); ``failed``: also the
+    rows of failed cells (``"status": "failed"``)."""
     path = rows_path(bench_dir)
     if not path.exists():
         return []
@@ -59,9 +64,11 @@ def read_rows(bench_dir: str | Path) -> list[dict[str, Any]]:
         if not line.strip():
             continue
         try:
-            rows.append(json.loads(line))
+            row = json.loads(line)
         except json.JSONDecodeError as err:
             raise ValueError(f"{path}:{number} is not a JSON row ({err}); delete that line to rerun its cell") from err
+        if failed or row.get("status", "ok") != "failed":
+            rows.append(row)
     return rows
 
 
@@ -243,6 +250,7 @@ def make_row(
     return {
         "key": key,
         "id": cell_id,
+        "status": "ok",
         "config": dict(overrides),
         "grids": dict(grids),
         "summary": {
@@ -261,4 +269,25 @@ def make_row(
         "versions": summary.get("versions"),
         "git": summary.get("git"),
         **curves,
+    }
+
+
+def make_failed_row(
+    key: str,
+    cell_id: str,
+    overrides: Mapping[str, Any],
+    grids: Mapping[str, Any],
+    error: str,
+    details: str | None = None,
+) -> dict[str, Any]:
+    """The row of a cell that failed: its reason in one line (``error``) and its traceback (``details``)."""
+    return {
+        "key": key,
+        "id": cell_id,
+        "status": "failed",
+        "config": dict(overrides),
+        "grids": dict(grids),
+        "error": error,
+        "details": details,
+        "finished": time.strftime("%Y-%m-%dT%H:%M:%S"),
     }
