@@ -703,6 +703,15 @@ def test_ray_resources_are_checked_against_the_nodes_before_any_cell():
     assert cells_at_once(nodes, 0.5, 2.0) == 2 + 4
     assert cells_at_once([node(1, 16)], 0.1, 1.0) == 10  # 1 / 0.1 is 9.999... in floating point
     assert cells_at_once(nodes, 0.0, 3.0) == 1 + 2  # CPU-bound
+    # mid-grid, the only nodes with GPUs died: the runner stops (rows kept) instead of waiting for ever
+    import time
+
+    from fedrapp_app.bench.ray_cells import RayExecutor
+
+    executor = RayExecutor("10.0.0.1:6379", Path("/unused"), gpus_per_cell=1)
+    executor.gpus, executor._nodes, executor._nodes_at = 1.0, [node(0, 8), node(4, 8, alive=False)], time.monotonic()
+    with pytest.raises(BenchError, match=r"no alive node of the Ray cluster at 10.0.0.1:6379 can run a cell any more"):
+        executor.capacity()
 
 
 def test_dry_run_estimates_the_paper_grid_on_one_h200_and_on_eight(capsys, tmp_path):
