@@ -600,13 +600,13 @@ def test_progress_counts_cells_and_estimates_the_time_left_from_finished_cells()
     for cell in cells[:4]:
         progress.started(cell)
     now[0] = 60.0
-    progress.finished(cells[0], 60.0)
-    progress.finished(cells[1], 60.0)
+    progress.finished(cells[0])  # 60 s each, from their submission
+    progress.finished(cells[1])
     progress.started(cells[4])
     now[0] = 90.0
     progress.failed_one(cells[2])
-    # 6 queued x 60 s + 2 running with 30 s and 0 s left of the 60 s mean, spread over 2 at once
-    assert progress.seconds_left(2) == pytest.approx((5 * 60 + 30 + 0) / 2 + 0)
+    # 5 queued x the 60 s mean + the 2 running: cell 4 has 30 s of it left, cell 3 (90 s in) none; 2 at once
+    assert progress.seconds_left(2) == pytest.approx((5 * 60 + 30 + 0) / 2)
     assert progress.text(2) == "2/10 done, 2 running, 1 failed, about 3 min left"
     assert progress.seconds_left(100) == pytest.approx(30.0)  # never less than the longest-running cell needs
     assert [grid_module.format_duration(s) for s in (0.4, 59, 61, 3600 + 5 * 60)] == [

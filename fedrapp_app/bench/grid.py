@@ -393,7 +393,8 @@ def format_duration(seconds: float) -> str:
 
 
 class Progress:
-    """Cells done, running and failed in this run, and the time left, estimated from the cells finished so far.
+    """Cells done, running and failed in this run, and the time left, estimated from the wall time of the cells
+    finished so far.
 
     The time left is the larger of (a) the queued cells' mean run time plus what is left of the running cells',
     spread over the cells that run at once, and (b) what is left of the longest-running cell.
@@ -411,10 +412,11 @@ class Progress:
     def lost(self, cell: Cell) -> None:
         self.running.pop(cell.key, None)
 
-    def finished(self, cell: Cell, seconds: float) -> None:
-        self.running.pop(cell.key, None)
+    def finished(self, cell: Cell) -> None:
+        """A cell ended with its row; its duration counts from its submission (a worker's start, Ray's queue and the
+        transfer of its result included)."""
+        self.durations.append(self.clock() - self.running.pop(cell.key))
         self.done += 1
-        self.durations.append(seconds)
 
     def failed_one(self, cell: Cell) -> None:
         self.running.pop(cell.key, None)
@@ -703,7 +705,7 @@ class BenchRunner:
                     outcome = Outcome(cell, error=f"lost {losses[cell.key]} times, last: {outcome.lost}")
                 if outcome.result is not None:
                     self._finish(cell, outcome.result)
-                    state.finished(cell, outcome.result.seconds)
+                    state.finished(cell)
                     bar.update()
                     show(
                         f"cell {cell.id} finished in {format_duration(outcome.result.seconds)}{_where(outcome.result)}"
