@@ -667,7 +667,7 @@ def test_refusals_come_before_any_cell_in_one_line(tiny_model, tmp_path, capsys)
     )
     assert not (tmp_path / "fresh").exists()  # nothing ran, nothing was written
     for flags, message in (
-        (["--gpus-per-cell", "1"], "--gpus-per-cell ask Ray for resources: add --ray-address"),
+        (["--gpus-per-cell", "0"], "--gpus-per-cell ask Ray for resources: add --ray-address"),
         (["--ray-address", "auto", "--workers", "2"], "--workers is for one host"),
     ):
         assert main([str(yaml_file), *flags]) == 2

@@ -35,7 +35,8 @@ def parse_assignments(items: list[str]) -> dict[str, Any]:
 def flag_problem(args: argparse.Namespace) -> str | None:
     """Why these flags do not go together (one line with the fix), or None."""
     if not args.ray_address:
-        given = [f for f, v in (("--gpus-per-cell", args.gpus_per_cell), ("--cpus-per-cell", args.cpus_per_cell)) if v]
+        flags = (("--gpus-per-cell", args.gpus_per_cell), ("--cpus-per-cell", args.cpus_per_cell))
+        given = [flag for flag, value in flags if value is not None]
         if given:
             return (
                 f"{' and '.join(given)} ask Ray for resources: add --ray-address HOST:PORT (or auto), or, on this "
