@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from fedrapp_app import builtins
 from fedrapp_app.data.spec import DataSpec
 
 Scalar = bool | int | float | str
@@ -68,20 +69,10 @@ class Key:
         return _KIND[type(self.default)] + (f" {bounds}" if bounds else "")
 
 
-#: The server rules and local methods this project registers (pyproject.toml's entry points), for the docs; a run
-#: may name any registered rule or method, plugins included (``fedrapp-list``), or a module:attribute reference.
-STRATEGIES = (
-    "fedrapp",
-    "none-fed",
-    "fedavg",
-    "fedamp",
-    "fedamp-cos",
-    "fedmedian",
-    "fedtrimmedavg",
-    "krum",
-    "domain-oracle",
-)
-LOCAL_METHODS = ("adaprompt", "im", "tpt", "tpt-online", "zeroshot")
+#: This project's rules and methods, for the docs (a run may name any registered rule or method, plugins
+#: included: ``fedrapp-list``, or a module:attribute reference).
+STRATEGIES = builtins.RULES
+LOCAL_METHODS = builtins.METHODS
 _DATA = DataSpec()  # the data layer owns its defaults
 
 #: The groups of keys, in the order the docs list them: (name, what the group is for).

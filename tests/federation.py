@@ -70,6 +70,21 @@ def run_federation(config: dict[str, Any], app=client_app, grid_cls=SpyGrid, num
     return summary, grid, states
 
 
+def interrupt_after(config: dict[str, Any], stop_round: int, check=None) -> None:
+    """Run ``config`` in-process and stop it (as a Ctrl-C would) after round ``stop_round``, its checkpoint written;
+    ``check(strategy)`` first looks at the server state there."""
+    import pytest
+
+    def stop(round_number: int, strategy) -> None:
+        if round_number == stop_round:
+            if check is not None:
+                check(strategy)
+            raise KeyboardInterrupt(f"stopped after round {stop_round}")
+
+    with pytest.raises(KeyboardInterrupt):
+        run_server(SpyGrid(client_app, int(config["num-clients"]), config), config, on_round=stop)
+
+
 def run_in_flower_simulation(config: dict[str, Any], num_supernodes: int = 3) -> dict[str, Any]:
     """Run ``config`` through Flower's simulation engine (Ray, ``run_simulation``): the real ServerApp body and
     ClientApp handlers on ``num_supernodes`` simulated nodes, one CPU each. Returns the run's summary."""

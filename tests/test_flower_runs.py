@@ -94,14 +94,15 @@ def test_launcher_reports_a_failed_run_and_refuses_a_bad_config(testbed_tiny, tm
     assert refused.returncode == 2 and "dirichlet-alpha" in refused.stderr
 
 
-def test_plain_flwr_run_with_flowers_default_two_supernodes_completes(testbed_tiny, tmp_path):
-    """`flwr run . --stream` as a Flower user types it: Flower's local SuperLink, its default 2 SuperNodes."""
+def _plain_flwr_run(overrides: dict, tmp_path: Path) -> dict:
+    """`flwr run . --stream -c ...` as a Flower user types it (Flower's local SuperLink, its default 2 SuperNodes),
+    in a Flower home of its own; every process it leaves is stopped. Returns the run's final status."""
     marker = "plain-" + uuid.uuid4().hex
+    tmp_path.mkdir(parents=True, exist_ok=True)
     env = {**contained_env(tmp_path / "flwr-home"), LAUNCH_ID_ENV: marker}
-    overrides = {k: v for k, v in small_run(testbed_tiny, tmp_path / "out").items() if k != "num-clients"}
     try:
         done = subprocess.run(
-            ["flwr", "run", ".", "--stream", "-c", _as_overrides({**overrides, "num-rounds": 0})],
+            ["flwr", "run", ".", "--stream", "-c", _as_overrides(overrides)],
             cwd=ROOT,
             env=env,
             capture_output=True,
@@ -112,9 +113,16 @@ def test_plain_flwr_run_with_flowers_default_two_supernodes_completes(testbed_ti
     finally:
         stop_marked(marker)  # Flower leaves its local SuperLink running
     assert status["status"] == "finished:completed", done.stdout[-3000:] + done.stderr[-3000:]
+    assert not marked_pids(marker)
+    return status
+
+
+def test_plain_flwr_run_with_flowers_default_two_supernodes_completes(testbed_tiny, tmp_path):
+    """`flwr run . --stream` as a Flower user types it: Flower's local SuperLink, its default 2 SuperNodes."""
+    overrides = {k: v for k, v in small_run(testbed_tiny, tmp_path / "out").items() if k != "num-clients"}
+    _plain_flwr_run({**overrides, "num-rounds": 0}, tmp_path)
     summary = json.loads((tmp_path / "out" / "run" / "summary.json").read_text())
     assert summary["num_clients"] == 2 and summary["complete"] is True and summary["samples"] == 240
-    assert not marked_pids(marker)
 
 
 def _resume_command(stderr: str) -> list[str]:
@@ -296,22 +304,7 @@ def test_the_example_plugins_run_through_fedrapp_sim_and_plain_flwr_run(testbed_
     assert all(r["status"] == "ok" and r["gamma"] > 0 for r in rows)  # mixed by the plugin rule
     assert all(r["client_metrics"]["stat-loss"] > 0 for r in rows)  # adapted by the plugin method
 
-    marker = "plain-" + uuid.uuid4().hex
-    env = {**contained_env(tmp_path / "plain-home"), LAUNCH_ID_ENV: marker}
     plain = {k: v for k, v in small_run(testbed_tiny, tmp_path / "plain").items() if k != "num-clients"}
-    try:
-        subprocess.run(
-            ["flwr", "run", ".", "--stream", "-c", _as_overrides({**plain, "num-rounds": 2, **plugins})],
-            cwd=ROOT,
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=600,
-        )
-        status = run_status(env, tmp_path, "local")
-    finally:
-        stop_marked(marker)  # Flower leaves its local SuperLink running
-    assert status["status"] == "finished:completed", status
+    _plain_flwr_run({**plain, "num-rounds": 2, **plugins}, tmp_path / "plain-flower")
     summary = json.loads((tmp_path / "plain" / "run" / "summary.json").read_text())
     assert summary["complete"] and summary["num_clients"] == 2 and summary["config"]["local-method"] == "confident-half"
-    assert not marked_pids(marker)

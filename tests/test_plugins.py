@@ -26,7 +26,7 @@ from fedrapp_app.server import run_server
 from fedrapp_app.testbed import world
 from fedrapp_app.testbed.tiny import make_tiny_clip
 
-from federation import SpyGrid, comparable_rows, read_rows, run_federation, small_run
+from federation import SpyGrid, comparable_rows, interrupt_after, read_rows, run_federation, small_run
 
 ROOT = Path(__file__).resolve().parent.parent
 INSTALL = "pip install -e examples/rule-mean-mix -e examples/method-confident-half (the README's test command does)"
@@ -183,22 +183,18 @@ def test_a_resumed_run_of_a_stateful_plugin_rule_gives_the_same_rows(testbed_tin
     base = small_run(testbed_tiny, tmp_path, **{"strategy": "plugin_rules:counting", "num-rounds": 4})
     whole, whole_grid, _ = run_federation({**base, "run-name": "whole"})
 
-    def stop_after_round_2(round_number: int, strategy) -> None:
-        if round_number == 2:
-            assert strategy.state.rule_state["count"].tolist() == [2.0, 2.0, 2.0]
-            raise KeyboardInterrupt("stopped after round 2")
+    def counted_twice(strategy) -> None:
+        assert strategy.state.rule_state["count"].tolist() == [2.0, 2.0, 2.0]
 
     cut = {**base, "run-name": "cut"}
-    with pytest.raises(KeyboardInterrupt):
-        run_server(SpyGrid(client_app, 3, cut), cut, on_round=stop_after_round_2)
+    interrupt_after(cut, 2, counted_twice)
     resumed, resumed_grid, _ = run_federation({**cut, "resume": True})
     assert resumed["resumed_after_round"] == 2
     assert comparable_rows(read_rows(whole["run_dir"])) == comparable_rows(read_rows(resumed["run_dir"]))
     assert all(np.array_equal(resumed_grid.sent[k], whole_grid.sent[k]) for k in resumed_grid.sent)
     # the state is what makes the resume exact: a resume whose checkpoint lost it sends other prompts
     lost = {**base, "run-name": "lost"}
-    with pytest.raises(KeyboardInterrupt):
-        run_server(SpyGrid(client_app, 3, lost), lost, on_round=stop_after_round_2)
+    interrupt_after(lost, 2)
     checkpoint = ServerCheckpoint.load(Path(tmp_path) / "lost")
     dataclasses.replace(checkpoint, rule_state={}).save(Path(tmp_path) / "lost")
     _, lost_grid, _ = run_federation({**lost, "resume": True})
@@ -269,3 +265,14 @@ def test_a_plugin_is_a_bench_cell_beside_the_built_ins(testbed_tiny, tmp_path):
         }
     )
     assert rows["mean-mix"]["summary"]["micro_accuracy"] == alone["micro_accuracy"]
+
+
+def test_this_projects_own_names_are_its_pyproject_entry_points():
+    """fedrapp_app/builtins.py names what pyproject.toml registers (the docs list those, not a machine's plugins)."""
+    import tomllib
+
+    from fedrapp_app import builtins
+
+    points = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["entry-points"]
+    assert sorted(points["fedrapp.rules"]) == sorted((*builtins.RULES, *builtins.OPTIONS))
+    assert sorted(points["fedrapp.methods"]) == sorted(builtins.METHODS)

@@ -8,14 +8,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from fedrapp_app.client import app as client_app
-from fedrapp_app.server import run_server
 from fedrapp_app.testbed import world
 from fedrapp_app.testbed.tiny import make_tiny_clip
 
 from federation import (
-    SpyGrid,
     comparable_rows,
+    interrupt_after,
     permute_labels,
     read_rows,
     run_federation,
@@ -68,14 +66,11 @@ def test_a_resumed_trust_run_gives_the_same_results(testbed_tiny, tmp_path):
     base = small_run(testbed_tiny, tmp_path, **{"num-rounds": 4}, **TRUST)
     whole, whole_grid, _ = run_federation({**base, "run-name": "whole"})
 
-    def stop_after_round_2(round_number: int, strategy) -> None:
-        if round_number == 2:
-            assert set(strategy.state.rule_state) == STATE
-            raise KeyboardInterrupt("stopped after round 2")
+    def carries_the_options_state(strategy) -> None:
+        assert set(strategy.state.rule_state) == STATE
 
     cut = {**base, "run-name": "cut"}
-    with pytest.raises(KeyboardInterrupt):
-        run_server(SpyGrid(client_app, 3, cut), cut, on_round=stop_after_round_2)
+    interrupt_after(cut, 2, carries_the_options_state)
     resumed, resumed_grid, _ = run_federation({**cut, "resume": True})
     assert resumed["resumed_after_round"] == 2
     assert comparable_rows(read_rows(whole["run_dir"])) == comparable_rows(read_rows(resumed["run_dir"]))

@@ -14,7 +14,7 @@ from typing import Any
 
 from numpy.typing import ArrayLike
 
-from fedrapp_app import plugins
+from fedrapp_app import builtins, plugins
 from fedrapp_app.aggregation.baselines import (
     FedAMPCosParams,
     FedAMPParams,
@@ -129,19 +129,8 @@ def rules() -> dict[str, Rule]:
     return {name: find_rule(name).target for name in plugins.names(plugins.RULES)}
 
 
-#: The rules registered by this project (its pyproject.toml's entry points), for docs and help texts.
-BUILT_IN = (
-    "fedrapp",
-    "none-fed",
-    "fedavg",
-    "fedamp",
-    "fedamp-cos",
-    "fedmedian",
-    "fedtrimmedavg",
-    "krum",
-    "domain-oracle",
-    "fedrapp-trust",
-)
+#: The rules registered by this project (its pyproject.toml's entry points).
+BUILT_IN = (*builtins.RULES, *builtins.OPTIONS)
 
 
 def make_params(name: str, overrides: Mapping[str, Any] | None = None) -> Any:

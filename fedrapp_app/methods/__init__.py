@@ -12,13 +12,13 @@ import importlib
 from collections.abc import Mapping
 from typing import Any
 
-from fedrapp_app import plugins
+from fedrapp_app import builtins, plugins
 from fedrapp_app.methods.params import AdaPromptParams, IMParams, MethodSpec, TPTParams, ZeroShotParams
 from fedrapp_app.parameters import build_params
 from fedrapp_app.plugins import Found, PluginError
 
-#: The methods registered by this project (its pyproject.toml's entry points), for docs and help texts.
-BUILT_IN = ("adaprompt", "im", "tpt", "tpt-online", "zeroshot")
+#: The methods registered by this project (its pyproject.toml's entry points).
+BUILT_IN = builtins.METHODS
 
 
 def find_method(name: str) -> Found:
