@@ -6,13 +6,16 @@ Flower's exit handlers then took 6 more seconds, all of it with the run folder l
 once was refused (``RunFolderBusy``). Now the run gives its folder up on the signal (``release_on_signal``),
 and a resume that still finds it held waits for it, bounded (``RESUME_WAIT_SECONDS``), saying so once.
 
-Fast tests (in-process): the wait, the message when the wait runs out, the release on the signal, and the
-server's log line for a client that goes on at another position than its fresh node reports. Slow: the whole
-scenario on loopback (``benchmarks/chaos.py --scenario superlink-crash``).
+Fast tests (in-process): the wait, the message when the wait runs out, the release on the signal, the
+server's log line for a client that goes on at another position than its fresh node reports, and the warm
+executor (``fedrapp-superexec``) serving a new run's task while a task its SuperNode gave up on (a message of
+the killed run) still waits. Slow: the whole scenario on loopback (``benchmarks/chaos.py --scenario
+superlink-crash``).
 """
 
 from __future__ import annotations
 
+import _thread
 import contextlib
 import json
 import logging
@@ -27,8 +30,14 @@ from pathlib import Path
 
 import pytest
 from flwr.app import Context, RecordDict
+from flwr.proto.runtime_pb2 import AcquireTaskResponse
+from flwr.proto.task_pb2 import Task
+from flwr.supercore.constant import TaskType
 
 from fedrapp_app.client import app as client_app
+from fedrapp_app.deploy import executor as warm_executor
+from fedrapp_app.deploy.pool import WarmPool
+from fedrapp_app.deploy.protocol import Activated, Done, Pulled, Ready, TaskSpec
 from fedrapp_app.inprocess import InProcessGrid
 from fedrapp_app.results import read_rows
 from fedrapp_app.runlock import RESUME_WAIT_SECONDS, RunFolderBusy, holder, run_lock
@@ -242,6 +251,96 @@ def test_a_resumed_run_logs_the_positions_its_clients_go_on_at(tiny_model, tmp_p
     run_federation(config)
     run_federation({**config, "num-rounds": 2, "resume": True})
     assert "resumed after round 1; the clients go on at stream positions {0: 1, 1: 1}" in flower_log.lines
+
+
+# ---------------------------------------------------------------------- the warm executor after the restart
+def hanging_or_ok_worker(conn, executor_pid: int, preloaded: tuple[str, ...]) -> None:
+    """A warm worker (the executor <-> worker protocol) whose task token says what it does: ``ok``, ``slow``
+    (0.5 s), or ``hang`` (it pulls the task's message header and then waits for its content forever, as a worker
+    does whose message the SuperNode gave up on)."""
+    conn.send(Ready(os.getpid()))
+    while (spec := conn.recv()) is not None:
+        conn.send(Activated(spec.task_id))
+        conn.send(Pulled(spec.task_id, b"header", 5))
+        if spec.token == "hang":
+            time.sleep(3600)
+        if spec.token == "slow":
+            time.sleep(0.5)
+        conn.send(Done(spec.task_id, "completed", "", "", {"app": 0.01, "total": 0.02}, 0.01, 1, False))
+
+
+class SuperNodeAfterTheRestart:
+    """The Runtime API of a SuperNode after a SuperLink restart: first a task of the killed run whose message
+    it gave up on, then the resumed run's discovery query; stops the executor (KeyboardInterrupt) once that
+    query is answered."""
+
+    def __init__(self, done: list) -> None:
+        self.done = done
+        self.tasks = [(1, 111, "hang"), (2, 222, "ok")]  # (task id, run id, what its worker does)
+
+    def AcquireTask(self, request):  # noqa: N802 - Flower's Runtime API name
+        if any(record.spec.task_id == 2 for record in self.done):
+            raise KeyboardInterrupt
+        if not self.tasks:
+            return AcquireTaskResponse()
+        task_id, run_id, token = self.tasks.pop(0)
+        task = Task(task_id=task_id, run_id=run_id, type=TaskType.CLIENT_APP, fab_hash="f" * 64)
+        return AcquireTaskResponse(task=task, token=token)
+
+    def close(self) -> None:
+        pass
+
+
+def test_the_warm_executor_serves_a_new_runs_task_while_one_its_supernode_gave_up_on_still_waits(monkeypatch):
+    """Flower 1.42's SuperNode can leave a task open for a message it gave up on (a run that stopped while it
+    fetched the message, as after a SuperLink restart) and go on to the next run's messages. Before, the warm
+    executor asked for nothing while a task was in flight: the resumed run's discovery went unanswered for
+    140 s on both nodes (followed on loopback with TLS; node-wait-timeout 120 s: the resume failed)."""
+    done: list = []
+    monkeypatch.setattr(
+        warm_executor.RuntimeHttpClient, "from_server_address", lambda **kwargs: SuperNodeAfterTheRestart(done)
+    )
+    pool = WarmPool(preload=(Path(__file__).stem,), on_done=done.append, target=hanging_or_ok_worker)
+    monkeypatch.setattr(warm_executor, "WarmPool", lambda **kwargs: pool)
+    monkeypatch.setenv(
+        "PYTHONPATH", os.pathsep.join(filter(None, [str(Path(__file__).parent), os.environ.get("PYTHONPATH")]))
+    )
+    guard = threading.Timer(60.0, _thread.interrupt_main)  # the old loop never asks again: end it
+    guard.start()
+    started = time.monotonic()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            warm_executor.serve(warm_executor.ExecutorOptions(runtime_api_address="127.0.0.1:9", insecure=True))
+    finally:
+        guard.cancel()
+    served = {record.spec.task_id: record for record in done}
+    assert 2 in served and served[2].done.status == "completed", "the new run's task was not served"
+    assert 1 not in served  # the given-up task still waited (its worker was stopped with the executor)
+    assert time.monotonic() - started < 30.0
+
+
+def test_a_task_for_a_busy_workers_run_waits_for_it_and_is_served_next(monkeypatch):
+    """Now that the executor asks while a task is in flight, a task of the same run can arrive before the worker
+    is free: it is queued for that worker (before, it would have replaced the task in flight in the books)."""
+    monkeypatch.setenv(
+        "PYTHONPATH", os.pathsep.join(filter(None, [str(Path(__file__).parent), os.environ.get("PYTHONPATH")]))
+    )
+    done: list = []
+    pool = WarmPool(preload=(Path(__file__).stem,), on_done=done.append, target=hanging_or_ok_worker)
+    try:
+        specs = [
+            TaskSpec(task_id, 7, "f" * 64, token, "127.0.0.1:9", True, None, time.time())
+            for task_id, token in ((1, "slow"), (2, "ok"))
+        ]
+        for spec in specs:
+            pool.submit(spec)
+        deadline = time.monotonic() + 30
+        while pool.busy and time.monotonic() < deadline:
+            pool.wait(0.05)
+        assert [record.spec.task_id for record in done] == [1, 2]
+        assert done[0].worker_pid == done[1].worker_pid and [r.worker_tasks for r in done] == [1, 2]
+    finally:
+        pool.close()
 
 
 # ------------------------------------------------------------------------------------------- loopback (slow)

@@ -4,8 +4,10 @@
 Runtime API and hands each to an executor, which starts a fresh ``flwr-clientapp`` process per task. This
 loop is the same, built from the same Flower classes (the Runtime API client and its interceptors, the
 ``AutoExecPlugin`` task routing, ``SubprocessExecutor`` for the task types we do not serve warm), except
-that ClientApp tasks go to a ``WarmPool``. It acquires a new ClientApp task only when none is in flight
-(the SuperNode itself serves one message at a time) and wakes up as soon as a worker reports.
+that ClientApp tasks go to a ``WarmPool``. It asks for a task every ``poll_interval`` while none is in
+flight and every ``BUSY_POLL_INTERVAL`` while one is (a SuperNode serves one message at a time, so a task
+arriving then means the SuperNode went on without the one in flight: that one waits for a message that never
+comes, and the new one is served next to it), and wakes up as soon as a worker reports.
 """
 
 from __future__ import annotations
@@ -39,6 +41,12 @@ from fedrapp_app.deploy.protocol import TaskSpec
 
 #: The Runtime API method SuperExec authentication protects (as in Flower's SuperExec).
 _AUTH_METHODS = frozenset({"/flwr.proto.Runtime/AcquireTask"})
+#: Seconds between asks for a task while one is in flight. Flower 1.42's SuperNode can give up on a message
+#: without ending its task (a run that stopped while the SuperNode fetched the message, as after a SuperLink
+#: restart): that task's worker then waits minutes for the message, while the SuperNode has gone on to the next
+#: run's messages. Before this, the executor asked for nothing while a task was in flight, and a resumed run's
+#: discovery went unanswered on such a node for 140 s (measured).
+BUSY_POLL_INTERVAL = 1.0
 
 
 @dataclass(frozen=True)
@@ -198,11 +206,29 @@ def serve(options: ExecutorOptions) -> None:
         options.runtime_api_address,
     )
     try:
+        asked, warned = 0.0, set()
         while True:
             pool.reconcile()
-            if not pool.busy:
+            in_flight = pool.in_flight()
+            if not in_flight or time.monotonic() - asked >= max(options.poll_interval, BUSY_POLL_INTERVAL):
+                asked = time.monotonic()
                 response = client.AcquireTask(AcquireTaskRequest(supported_task_types=types, agentapp_fab_hashes=[]))
                 if response.HasField("task") and response.token:
+                    for spec, seconds in in_flight:
+                        if spec.task_id in warned:
+                            continue
+                        warned.add(spec.task_id)
+                        log(
+                            WARNING,
+                            "task %d of run %d arrived while task %d of run %d has been in flight for %.0f s: the "
+                            "SuperNode went on without that one (a message it gave up on, e.g. of a run that stopped "
+                            "during a SuperLink restart); serving the new tasks next to it",
+                            response.task.task_id,
+                            response.task.run_id,
+                            spec.task_id,
+                            spec.run_id,
+                            seconds,
+                        )
                     result = plugin.launch_task(response.token, response.task)
                     if result.status != LaunchResultStatus.ACCEPTED:
                         log(

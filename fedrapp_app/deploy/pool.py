@@ -9,6 +9,12 @@ first), so a finished run's model does not hold memory forever.
 A worker that dies is noticed by its process sentinel. If it held a task: not yet activated, the task goes
 to a fresh worker (once); activated, the executor answers it as crashed (``recovery``). Either way the next
 task of that run gets a new worker: the node, the executor and the other workers go on.
+
+A SuperNode serves one message at a time, so normally one task is in flight. The exception is a task the
+SuperNode gave up on without ending it (Flower 1.42: a message of a run that stopped while the SuperNode was
+fetching it, after a SuperLink restart): its worker waits for a message that never comes while the SuperNode
+goes on to the next. A task of another run is then served by its own worker next to it; a task of the same
+run waits until that run's worker is free.
 """
 
 from __future__ import annotations
@@ -79,7 +85,8 @@ def exit_text(exitcode: int | None) -> str:
 
 
 class WarmPool:
-    """Warm workers keyed by ``TaskSpec.key``; one task at a time (a SuperNode serves one message at a time)."""
+    """Warm workers keyed by ``TaskSpec.key``; one task per worker at a time, the next task of a busy worker's run
+    queued for it."""
 
     def __init__(
         self,
@@ -104,6 +111,7 @@ class WarmPool:
         self._context = multiprocessing.get_context("forkserver")
         self._context.set_forkserver_preload(list(self.preload))
         self._workers: dict[tuple[int, str], _Worker] = {}
+        self._queued: dict[tuple[int, str], list[TaskSpec]] = {}
         self._target = target
         self._answer = answer
 
@@ -113,8 +121,13 @@ class WarmPool:
 
     @property
     def busy(self) -> bool:
-        """A task is in flight (the executor then acquires no new ClientApp task)."""
-        return any(w.task is not None for w in self._workers.values())
+        """A task is in flight or queued."""
+        return any(w.task is not None for w in self._workers.values()) or any(self._queued.values())
+
+    def in_flight(self) -> list[tuple[TaskSpec, float]]:
+        """The tasks in flight, each with the seconds since it was sent to its worker."""
+        now = time.time()
+        return [(w.task, now - w.dispatched_at) for w in self._workers.values() if w.task is not None]
 
     def worker_pids(self) -> dict[tuple[int, str], int]:
         """The live workers' process ids by key."""
@@ -126,12 +139,34 @@ class WarmPool:
         if worker is not None and not worker.process.is_alive():
             self._drain(worker)  # it died idle and nobody has looked yet: bury it first
             worker = self._workers.get(spec.key)
+        if worker is not None and worker.task is not None:  # its run's worker is busy: the task waits for it
+            log(INFO, "task %d of run %d waits for task %d of its run", spec.task_id, spec.run_id, worker.task.task_id)
+            self._queued.setdefault(spec.key, []).append(spec)
+            return
         if worker is None:
             self._make_room()
             worker = self._spawn(spec.key)
+        self._dispatch(worker, spec)
+
+    def _dispatch(self, worker: _Worker, spec: TaskSpec) -> None:
         worker.task, worker.progress, worker.dispatched_at = spec, None, time.time()
         with contextlib.suppress(OSError):  # it died just now: its burial hands the task to a fresh worker
             worker.conn.send(spec)
+
+    def _next_queued(self, key: tuple[int, str]) -> None:
+        """Send the oldest task queued for ``key`` to its run's worker (a new one if it has none)."""
+        queue = self._queued.get(key)
+        if not queue:
+            self._queued.pop(key, None)
+            return
+        worker = self._workers.get(key)
+        if worker is not None and worker.task is not None:
+            return
+        spec = queue.pop(0)
+        if worker is None:
+            self._make_room()
+            worker = self._spawn(key)
+        self._dispatch(worker, spec)
 
     def wait(self, timeout: float) -> None:
         """Wait up to ``timeout`` seconds for news from the workers, then handle all of it."""
@@ -225,6 +260,8 @@ class WarmPool:
             record = TaskRecord(worker.task, event, worker.pid, worker.served, worker.dispatched_at, time.time())
             worker.task, worker.progress, worker.last_used = None, None, time.time()
             self.on_done(record)
+            if worker.process.is_alive():
+                self._next_queued(worker.key)
 
     def _buried(self, worker: _Worker) -> None:
         """A worker process ended: recover its task, if it held one; its run gets a new worker next time."""
@@ -240,6 +277,7 @@ class WarmPool:
                 worker.key[0],
                 how,
             )
+            self._next_queued(worker.key)
             return
         reason = (
             f"the ClientApp's worker process (pid {worker.pid}) died with {how} while serving this message; "
@@ -263,3 +301,4 @@ class WarmPool:
             answered = False
         done = Done(spec.task_id, "failed", reason if answered else reason + " (left to Flower's task expiry)", "")
         self.on_done(TaskRecord(spec, done, worker.pid, worker.served + 1, worker.dispatched_at, time.time()))
+        self._next_queued(worker.key)
