@@ -39,7 +39,7 @@ LOCK_FILE = ".lock"
 LAUNCHER_PID_ENV = "FEDRAPP_LAUNCHER_PID"
 #: How long a resume waits for a live holder of its run folder. The usual holder is the ServerApp of the run
 #: being resumed whose SuperLink was killed: Flower stops it through its SuperExec, and it gives the folder up
-#: about 2 s after the kill (``release_on_signal``; 8.5 s before it, measured on loopback: docs/deployment.md).
+#: 1.9-3.2 s after the kill (``release_on_signal``; 6.0-8.5 s before it; measured on loopback: docs/results/chaos.md).
 RESUME_WAIT_SECONDS = 30.0
 
 
@@ -273,7 +273,7 @@ def release_on_signal(signals: tuple[int, ...] = (signal.SIGINT, signal.SIGTERM)
     several seconds (with the SuperLink gone, up to its 5 s force-exit timer), or Python's ``KeyboardInterrupt``.
     A second signal goes to that handler directly. Flower's ServerApp process gets a SIGINT when its SuperExec
     dies, which the SuperExec does about 2 s after its SuperLink died (both watch their parent's PID); without
-    this, the run held its folder through Flower's exit handlers, 8.5 s after a kill -9 of the SuperLink.
+    this, the run held its folder through Flower's exit handlers, 6.0-8.5 s after a kill -9 of the SuperLink.
 
     A signal raised in another thread (Flower's monitor does that) wakes the main thread at once (``_WakeMain``).
     Outside the main thread (a simulation's ServerApp thread), where Python cannot install handlers, the block
