@@ -751,3 +751,20 @@ def test_failed_rows_stay_out_of_the_reports(tiny_model, tmp_path, monkeypatch):
     write_rows(runner.bench_dir, [*rows, failed])
     assert read_rows(runner.bench_dir) == rows and read_rows(runner.bench_dir, failed=True)[-1] == failed
     assert write_report(runner.bench_dir).is_file()
+
+
+def test_a_grid_run_in_this_process_leaves_its_loggers_and_threads_as_it_found_them(tiny_model, tmp_path):
+    """The in-process executor quiets Flower's loggers and sets torch's threads for its cells only: a later run in
+    the same process (a test, a user's session) logs and computes as before. (A grid here once left the
+    ``flwr.fedrapp`` loggers at WARNING, and later tests saw no INFO line.)"""
+    import logging
+
+    import torch
+
+    import fedrapp_app.server  # noqa: F401 - Flower sets its logger's level when first imported, not the grid
+
+    levels = {name: logging.getLogger(name).level for name in grid_module.QUIET}
+    threads = torch.get_num_threads()
+    BenchRunner(parse_bench(two_cells(tiny_model, tmp_path / "bench"))).run(progress=False)
+    assert {name: logging.getLogger(name).level for name in grid_module.QUIET} == levels
+    assert torch.get_num_threads() == threads

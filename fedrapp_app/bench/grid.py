@@ -106,10 +106,32 @@ def model_fingerprint(model: str) -> str | None:
     return digest.hexdigest()[:16]
 
 
+#: The loggers whose per-round INFO lines a grid keeps out of its progress bar.
+QUIET = ("flwr", "flwr.fedrapp", "fedrapp")
+
+
 def quiet_flower() -> None:
     """Keep Flower's per-round INFO lines out of the progress bar (warnings still show)."""
-    for name in ("flwr", "flwr.fedrapp", "fedrapp"):
+    for name in QUIET:
         logging.getLogger(name).setLevel(logging.WARNING)
+
+
+@contextmanager
+def cell_settings(threads: int | None) -> Iterator[None]:
+    """Quiet loggers and ``threads`` torch threads while a cell runs in this process, as they were afterwards (the
+    process goes on: the tests, a user's session)."""
+    import torch
+
+    levels = {name: logging.getLogger(name).level for name in QUIET}
+    before = torch.get_num_threads()
+    quiet_flower()
+    set_threads(threads)
+    try:
+        yield
+    finally:
+        for name, level in levels.items():
+            logging.getLogger(name).setLevel(level)
+        torch.set_num_threads(before)
 
 
 def set_threads(threads: int | None) -> None:
@@ -214,8 +236,7 @@ class InlineExecutor:
         self._queue: deque[Cell] = deque()
 
     def check(self, cells: Sequence[Cell]) -> None:
-        quiet_flower()
-        set_threads(self.threads)
+        """Nothing to check: the cells run here, as this process can."""
 
     def capacity(self) -> int:
         return 1
@@ -233,7 +254,8 @@ class InlineExecutor:
                 self.on_round(cell, round_number)
 
         try:
-            result = run_cell(cell.overrides, cell.id, self.runs_dir, on_round)
+            with cell_settings(self.threads):
+                result = run_cell(cell.overrides, cell.id, self.runs_dir, on_round)
         except Exception as err:  # noqa: BLE001 - one broken cell must not lose the others
             return [Outcome(cell, error=reason(err), details=traceback.format_exc())]
         return [Outcome(cell, result=result)]
