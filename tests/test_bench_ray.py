@@ -23,6 +23,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from test_bench import fake_result
 
 from fedrapp_app.bench import BenchRunner, parse_bench, read_rows
 from fedrapp_app.bench import grid as grid_module
@@ -49,16 +50,7 @@ def die_once_for_fedavg(overrides, cell_id, runs_dir):
         marker.parent.mkdir(parents=True, exist_ok=True)
         marker.write_text("")
         os._exit(3)
-    summary = {
-        "micro_accuracy": 0.5,
-        "macro_accuracy": 0.5,
-        "micro_accuracy_received_prompt": 0.4,
-        "samples": 32,
-        "rounds": 2,
-        "run_dir": None,
-        "config": {},
-    }
-    return grid_module.CellResult(summary, [], [], 0.1, grid_module.where_this_runs())
+    return fake_result(0.1)
 
 
 def test_local_worker_processes_see_distinct_gpus(tmp_path):

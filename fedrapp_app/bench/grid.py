@@ -331,6 +331,7 @@ class LocalExecutor:
         self.placement = worker_gpus(workers, host_gpus() if gpus is None else gpus)
         self._pool: ProcessPoolExecutor | None = None
         self._running: dict[Future, Cell] = {}
+        self._pool_of: dict[str, ProcessPoolExecutor] = {}  # cell key -> the pool it was submitted to
         if self.placement is None:
             self.description = f"{workers} worker processes"
         else:
@@ -368,26 +369,36 @@ class LocalExecutor:
         )
 
     def submit(self, cell: Cell) -> None:
+        if self._pool is not None and self._pool_broken():  # a worker died since the last poll
+            stop_pool(self._pool)  # its running cells end lost at the next poll, and run again
+            self._pool = None
         if self._pool is None:
             self._pool = self._new_pool()
         self._running[self._pool.submit(self.task, dict(cell.overrides), cell.id, str(self.runs_dir))] = cell
+        self._pool_of[cell.key] = self._pool
+
+    def _pool_broken(self) -> bool:
+        """The pool lost a worker: it takes no more work (ProcessPoolExecutor's own flag)."""
+        return bool(getattr(self._pool, "_broken", False))
 
     def poll(self, timeout: float) -> list[Outcome]:
         if not self._running:
             return []
         done, _ = wait(self._running, timeout=timeout, return_when=FIRST_COMPLETED)
-        outcomes = []
+        outcomes, broken = [], set()
         for future in done:
             cell = self._running.pop(future)
+            pool = self._pool_of.pop(cell.key, None)
             try:
                 result = future.result()
             except BrokenProcessPool as err:
                 outcomes.append(Outcome(cell, lost=f"a worker process died ({reason(err, 200)})"))
+                broken.add(id(pool))
             except Exception as err:  # noqa: BLE001 - the cell's own error, raised in the worker
                 outcomes.append(Outcome(cell, error=reason(err), details="".join(traceback.format_exception(err))))
             else:
                 outcomes.append(Outcome(cell, result=result))
-        if any(o.lost for o in outcomes) and self._pool is not None:
+        if self._pool is not None and id(self._pool) in broken:
             stop_pool(self._pool)  # broken: its other cells end lost too; the next submit starts a new pool
             self._pool = None
         return outcomes
@@ -403,6 +414,7 @@ class LocalExecutor:
             self._pool.shutdown()
         self._pool = None
         self._running.clear()
+        self._pool_of.clear()
 
 
 # ------------------------------------------------------------------------------------------------- progress
