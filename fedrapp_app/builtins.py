@@ -21,4 +21,4 @@ RULES = (
 #: The rules the run config selects otherwise than by ``strategy``.
 OPTIONS = ("fedrapp-trust",)
 #: The local methods.
-METHODS = ("adaprompt", "im", "tpt", "tpt-online", "zeroshot")
+METHODS = ("adaprompt", "im", "tpt", "tpt-online", "zeroshot", "zeroshot-ensemble", "zero", "tda")

@@ -111,9 +111,10 @@ class ClientSetup:
             _CLIPS[clip_key] = load_clip(str(v["model"]), device=self.device, precision=str(v["precision"]))
             self.loaded_model = True
             log.info("client %d runs on %s", self.client_id, current_device_description(_CLIPS[clip_key].device))
-        key = (*clip_key, tuple(self.stream.classnames), self.stream.template)
+        stream = self.stream
+        key = (*clip_key, tuple(stream.classnames), stream.template, stream.templates)
         if key not in _PROMPTED:
-            _PROMPTED[key] = PromptedCLIP(_CLIPS[clip_key], list(self.stream.classnames), self.stream.template)
+            _PROMPTED[key] = PromptedCLIP(_CLIPS[clip_key], list(stream.classnames), stream.template, stream.templates)
         return _PROMPTED[key]
 
     def method(self, state: dict[str, np.ndarray] | None) -> LocalMethod:

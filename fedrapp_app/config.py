@@ -691,7 +691,7 @@ def method_values(v: Mapping[str, Scalar], own_prompt: bool) -> dict[str, Any]:
     name = str(v["local-method"])
     spec = find_method(name).target
     fields = field_names(spec.params)
-    own_keys = dict(METHOD_KEYS.get(name, {}))
+    own_keys = dict(METHOD_KEYS.get(name.partition("+")[0], {}))  # a stacked method: its base's keys
     if v["csc"] and "csc" not in own_keys:
         if "csc" not in fields:
             raise ValueError(

@@ -15,6 +15,18 @@ import numpy as np
 
 #: CoOp's hand-written template for datasets without a specific one (``trainers/zsclip.py``).
 DEFAULT_TEMPLATE = "a photo of a {}."
+#: The seven ImageNet templates CLIP's prompt-engineering notebook selected from its 80: the ensemble TDA uses
+#: for ImageNet, ImageNet-A/-V, Caltech101, StanfordCars and SUN397 (its ``datasets/*.py``; it uses the 80 for
+#: ImageNet-R/-Sketch, ours the seven) and ZERO's "+Ensemble".
+IMAGENET_ENSEMBLE: tuple[str, ...] = (
+    "itap of a {}.",
+    "a bad photo of the {}.",
+    "a origami {}.",
+    "a photo of the large {}.",
+    "a {} in a video game.",
+    "art of the {}.",
+    "a photo of the small {}.",
+)
 
 
 @dataclass(frozen=True)
@@ -26,6 +38,8 @@ class DatasetPreset:
     name : the config value (``dataset = "oxford-pets"``).
     title : the dataset's name in the paper / CoOp (``OxfordPets``).
     template : zero-shot template with one ``{}`` for the class name (CoOp's ``CUSTOM_TEMPLATES``).
+    ensemble : the templates of a prompt ensemble (``classifier = "ensemble"`` of the training-free methods);
+        empty = the template alone (as TDA does for the datasets outside the ImageNet family).
     aliases : other accepted spellings (matched ignoring case, ``-``, ``_`` and spaces).
     hub_repo : the clip-benchmark webdataset repo on the Hub used when no ``data-dir`` is given ("" = none).
     coop_dir : the folder under CoOp's ``$DATA`` root (``DATASETS.md`` of KaiyangZhou/CoOp).
@@ -41,6 +55,7 @@ class DatasetPreset:
     name: str
     title: str
     template: str
+    ensemble: tuple[str, ...] = ()
     aliases: tuple[str, ...] = ()
     hub_repo: str = ""
     coop_dir: str = ""
@@ -50,6 +65,11 @@ class DatasetPreset:
     cleaners: tuple[str, ...] = ()
     prepare: tuple[str, ...] = ()
     notes: str = ""
+
+    @property
+    def templates(self) -> tuple[str, ...]:
+        """The prompt ensemble: ``ensemble``, or the template alone."""
+        return self.ensemble or (self.template,)
 
     def render(self, classname: str) -> str:
         """The zero-shot prompt of one class, e.g. ``"a photo of a pug, a type of pet."``."""
@@ -199,6 +219,7 @@ PRESETS: dict[str, DatasetPreset] = {
             name="caltech101",
             title="Caltech101",
             template=DEFAULT_TEMPLATE,
+            ensemble=IMAGENET_ENSEMBLE,
             aliases=("caltech-101",),
             hub_repo="clip-benchmark/wds_vtab-caltech101",
             coop_dir="caltech-101",
@@ -271,6 +292,7 @@ PRESETS: dict[str, DatasetPreset] = {
             name="sun397",
             title="SUN397",
             template=DEFAULT_TEMPLATE,
+            ensemble=IMAGENET_ENSEMBLE,
             aliases=("sun-397",),
             hub_repo="clip-benchmark/wds_sun397",
             coop_dir="sun397",
@@ -305,6 +327,7 @@ PRESETS: dict[str, DatasetPreset] = {
             name="stanford-cars",
             title="StanfordCars",
             template=DEFAULT_TEMPLATE,
+            ensemble=IMAGENET_ENSEMBLE,
             aliases=("stanfordcars", "cars", "stanford_cars"),
             hub_repo="clip-benchmark/wds_cars",
             coop_dir="stanford_cars",
@@ -324,6 +347,7 @@ PRESETS: dict[str, DatasetPreset] = {
             name="imagenet",
             title="ImageNet",
             template=DEFAULT_TEMPLATE,
+            ensemble=IMAGENET_ENSEMBLE,
             aliases=("imagenet1k", "imagenet-1k", "ilsvrc2012"),
             hub_repo="clip-benchmark/wds_imagenet1k",
             coop_dir="imagenet",
@@ -342,6 +366,7 @@ PRESETS: dict[str, DatasetPreset] = {
             name="imagenet-a",
             title="ImageNet-A",
             template=DEFAULT_TEMPLATE,
+            ensemble=IMAGENET_ENSEMBLE,
             aliases=("imageneta", "imagenet-adversarial"),
             hub_repo="clip-benchmark/wds_imagenet-a",
             coop_dir="imagenet-adversarial",
@@ -358,6 +383,7 @@ PRESETS: dict[str, DatasetPreset] = {
             name="imagenet-v2",
             title="ImageNet-V2",
             template=DEFAULT_TEMPLATE,
+            ensemble=IMAGENET_ENSEMBLE,
             aliases=("imagenetv2",),
             hub_repo="clip-benchmark/wds_imagenetv2",
             coop_dir="imagenetv2",
@@ -374,6 +400,7 @@ PRESETS: dict[str, DatasetPreset] = {
             name="imagenet-r",
             title="ImageNet-R",
             template=DEFAULT_TEMPLATE,
+            ensemble=IMAGENET_ENSEMBLE,
             aliases=("imagenetr", "imagenet-rendition"),
             hub_repo="clip-benchmark/wds_imagenet-r",
             coop_dir="imagenet-rendition",
@@ -390,6 +417,7 @@ PRESETS: dict[str, DatasetPreset] = {
             name="imagenet-sketch",
             title="ImageNet-Sketch",
             template=DEFAULT_TEMPLATE,
+            ensemble=IMAGENET_ENSEMBLE,
             aliases=("imagenetsketch", "imagenet_sketch"),
             hub_repo="clip-benchmark/wds_imagenet_sketch",
             coop_dir="imagenet-sketch",
@@ -405,6 +433,7 @@ PRESETS: dict[str, DatasetPreset] = {
             name="testbed",
             title="Testbed",
             template=DEFAULT_TEMPLATE,
+            ensemble=("a photo of a {}.", "a picture of a {}.", "an image of a {}.", "a drawing of a {}."),
             notes="the built-in offline world (SPEC §8): always available, rendered on demand.",
         ),
         DatasetPreset(

@@ -92,6 +92,11 @@ class ClientStream:
     def template(self) -> str:
         return self.source.template
 
+    @property
+    def templates(self) -> tuple[str, ...]:
+        """The dataset's prompt ensemble (the template alone where the preset names none)."""
+        return tuple(self.source.templates) or (self.source.template,)
+
     def indices_at(self, position: int) -> np.ndarray:
         """int64 [B]: the source positions of batch ``position`` (no image is read)."""
         if (

@@ -47,9 +47,16 @@ class PromptedCLIP:
     classnames : C class names (cleaned by the data layer); at least one.
     template : zero-shot template with one ``{}`` (e.g. ``"a photo of a {}."``), for
         :meth:`hard_prompt_features` only.
+    templates : the dataset's template ensemble, for :meth:`ensemble_features` (default: ``template`` alone).
     """
 
-    def __init__(self, clip: FrozenCLIP, classnames: Sequence[str], template: str = "a photo of a {}.") -> None:
+    def __init__(
+        self,
+        clip: FrozenCLIP,
+        classnames: Sequence[str],
+        template: str = "a photo of a {}.",
+        templates: Sequence[str] = (),
+    ) -> None:
         if isinstance(classnames, str):
             raise TypeError("PromptedCLIP: classnames must be a sequence of names, not one string")
         classnames = [str(name) for name in classnames]
@@ -57,9 +64,14 @@ class PromptedCLIP:
             raise ValueError("PromptedCLIP: the class list is empty; pass at least one class name")
         if template.count("{}") != 1:
             raise ValueError(f"PromptedCLIP: template {template!r} must contain exactly one '{{}}'")
+        templates = tuple(templates) or (template,)
+        bad = [t for t in templates if not isinstance(t, str) or t.count("{}") != 1]
+        if bad:
+            raise ValueError(f"PromptedCLIP: ensemble templates {bad} must each contain exactly one '{{}}'")
         self.clip = clip
         self.classnames = classnames
         self.template = template
+        self.templates = templates
         self.device = clip.device
         tok = clip.tokenizer
         if tok.bos_token_id is None or tok.eos_token_id is None:
@@ -86,6 +98,7 @@ class PromptedCLIP:
         self.suffix_embeds = embedding[padded.to(self.device)].float()  # [C, S, D]
         self.sos_embed = embedding[tok.bos_token_id].float()  # [D]
         self._hard_features: Tensor | None = None
+        self._ensemble_features: Tensor | None = None
         # Packed class tokens for the shared-prefix pass: token t belongs to class token_class[t] at offset
         # token_offset[t] of its "<name>. [EOS]" suffix; class c's EOS is packed row eos_rows[c].
         lengths = self.suffix_lengths.cpu()
@@ -344,20 +357,32 @@ class PromptedCLIP:
     def hard_prompt_features(self) -> Tensor:
         """Features of ``template.format(name)`` through ``get_text_features`` -> Tensor[C, E], cached."""
         if self._hard_features is None:
-            texts = [self.template.format(name) for name in self.classnames]
-            tokens = self.clip.tokenizer(texts, padding=True, return_tensors="pt")
-            if tokens["input_ids"].shape[1] > self.clip.max_text_length:
-                raise ValueError(
-                    f"a zero-shot prompt of template {self.template!r} exceeds the text encoder's "
-                    f"context of {self.clip.max_text_length} tokens; shorten the class names"
-                )
-            with torch.no_grad(), self.clip.autocast():
-                out = self.clip.model.get_text_features(
-                    input_ids=tokens["input_ids"].to(self.device),
-                    attention_mask=tokens["attention_mask"].to(self.device),
-                )
-            self._hard_features = F.normalize(out.pooler_output.float(), dim=-1)
+            self._hard_features = self._sentence_features(self.template)
         return self._hard_features
+
+    def ensemble_features(self) -> Tensor:
+        """CLIP's prompt ensemble over :attr:`templates` -> Tensor[C, E], cached: per class, the mean of the
+        L2-normalised features of its sentences, normalised again (Radford et al. 2021, their notebook)."""
+        if self._ensemble_features is None:
+            stacked = torch.stack([self._sentence_features(template) for template in self.templates])  # [T, C, E]
+            self._ensemble_features = F.normalize(stacked.mean(0), dim=-1)
+        return self._ensemble_features
+
+    def _sentence_features(self, template: str) -> Tensor:
+        """L2-normalised features of ``template.format(name)`` for every class -> Tensor[C, E] (no gradient)."""
+        texts = [template.format(name) for name in self.classnames]
+        tokens = self.clip.tokenizer(texts, padding=True, return_tensors="pt")
+        if tokens["input_ids"].shape[1] > self.clip.max_text_length:
+            raise ValueError(
+                f"a zero-shot prompt of template {template!r} exceeds the text encoder's "
+                f"context of {self.clip.max_text_length} tokens; shorten the class names"
+            )
+        with torch.no_grad(), self.clip.autocast():
+            out = self.clip.model.get_text_features(
+                input_ids=tokens["input_ids"].to(self.device),
+                attention_mask=tokens["attention_mask"].to(self.device),
+            )
+        return F.normalize(out.pooler_output.float(), dim=-1)
 
     # ----- image side -----------------------------------------------------------------------------
     def preprocess(self, images: Sequence[Image.Image]) -> Tensor:

@@ -13,7 +13,16 @@ from collections.abc import Mapping
 from typing import Any
 
 from fedrapp_app import builtins, plugins
-from fedrapp_app.methods.params import AdaPromptParams, IMParams, MethodSpec, TPTParams, ZeroShotParams
+from fedrapp_app.methods.params import (
+    AdaPromptParams,
+    IMParams,
+    MethodSpec,
+    TDAParams,
+    TPTParams,
+    ZeroParams,
+    ZeroShotParams,
+    stacked_spec,
+)
 from fedrapp_app.parameters import build_params
 from fedrapp_app.plugins import Found, PluginError
 
@@ -25,6 +34,8 @@ def find_method(name: str) -> Found:
     """The registered local method ``name`` or a ``module:Class`` reference, as a
     :class:`~fedrapp_app.plugins.Found` whose ``target`` is a :class:`MethodSpec` (a LocalMethod subclass is
     taken with its ``Params`` attribute). Raises ``PluginError`` naming the plugin and the fix."""
+    if "+" in name:
+        return _stacked(name)
     found = plugins.find(plugins.METHODS, name)
     target = found.target
     if not isinstance(target, MethodSpec):
@@ -37,6 +48,24 @@ def find_method(name: str) -> Found:
         doc = (target.__doc__ or "").strip().splitlines()
         target = MethodSpec(f"{target.__module__}:{target.__qualname__}", params, doc[0] if doc else "")
     return Found(found.name, target, found.origin, found.package)
+
+
+def _stacked(name: str) -> Found:
+    """``base+head``: a prompt-tuning method with a training-free prediction step (``methods/stacked.py``)."""
+    base_name, _, head_name = name.partition("+")
+    if not base_name or not head_name or "+" in head_name:
+        raise PluginError(f"local method {name!r}: write one method and one head, e.g. 'adaprompt+tda'")
+    base, head = find_method(base_name), find_method(head_name)
+    heads = sorted(n for n, spec in methods().items() if spec.head)
+    if not head.target.head:
+        raise PluginError(f"local method {name!r}: {head_name!r} is not a prediction head; the heads are {heads}")
+    if base.target.head or base.target.implementation.endswith(":ZeroShot"):
+        raise PluginError(
+            f"local method {name!r}: {base_name!r} tunes no prompt, so {head_name!r} alone does the same; "
+            f"stack a head on a prompt-tuning method (e.g. 'adaprompt+{head_name}')"
+        )
+    origin = base.origin if base.origin == head.origin else f"{base.origin} + {head.origin}"
+    return Found(name, stacked_spec(base.name, base.target, head.name, head.target), origin, base.package)
 
 
 def methods() -> dict[str, MethodSpec]:
@@ -81,6 +110,10 @@ _LAZY = {
     "TPT": "fedrapp_app.methods.tpt",
     "TPTOnline": "fedrapp_app.methods.tpt",
     "ZeroShot": "fedrapp_app.methods.zeroshot",
+    "ZeroShotEnsemble": "fedrapp_app.methods.zeroshot",
+    "Zero": "fedrapp_app.methods.zero",
+    "TDA": "fedrapp_app.methods.tda",
+    "Stacked": "fedrapp_app.methods.stacked",
 }
 
 
@@ -101,9 +134,15 @@ __all__ = [
     "InformationMaximisation",
     "LocalMethod",
     "MethodSpec",
+    "TDA",
+    "TDAParams",
+    "Stacked",
     "TPTOnline",
     "TPTParams",
+    "Zero",
+    "ZeroParams",
     "ZeroShot",
+    "ZeroShotEnsemble",
     "ZeroShotParams",
     "find_method",
     "make_method",

@@ -178,7 +178,7 @@ class AdaPrompt(LocalMethod):
         text = pclip.text_features(params) if update else pclip.constant_text_features(params)
         before = pclip.logits(features, text.detach())
         own = self.own.score(pclip, received, features, before)
-        after, loss = before, 0.0
+        after, loss, text_after = before, 0.0, text.detach()
         scaler = scaler_for(pclip.clip.precision, self._scaler_state, self._SCALER)
         if update:
             optimizer = torch.optim.AdamW(params, lr=p.lr, weight_decay=p.weight_decay)
@@ -192,7 +192,8 @@ class AdaPrompt(LocalMethod):
             self._optimizer_state = adamw_state_arrays(optimizer, params, self._OPTIMIZER)
             self._scaler_state = scaler.state_arrays(self._SCALER)
             with torch.no_grad():
-                after = pclip.logits(features, pclip.text_features(params))
+                text_after = pclip.text_features(params)
+                after = pclip.logits(features, text_after)
             loss = float(objective.detach())
         adaptation = Adaptation(
             prompt=detached(params),
@@ -208,6 +209,8 @@ class AdaPrompt(LocalMethod):
                 "stored": float(stored),
                 **scaler.stats(),
             },
+            features=features,
+            text_features=text_after,
         )
         self.own.keep(adaptation.prompt)
         return with_own_score(adaptation, own)

@@ -40,6 +40,9 @@ class Adaptation:
     v_own: float | None = None  # the same for the own prompt
     predictions_own: Tensor | None = None  # [B] long: its predictions (scored for the analysis only)
     probe: ProbeScore | None = None  # the probe the server sent, scored against the own prompt (FedRAPP's probe)
+    # What a prediction step stacked on the method reads (``methods/stacked.py``), so that no tower runs twice:
+    features: Tensor | None = None  # [B, E] the batch's image features (original views, L2-normalised)
+    text_features: Tensor | None = None  # [K, C, E] the class features of the tuned prompt ``prompt``
 
 
 class LocalMethod(ABC):

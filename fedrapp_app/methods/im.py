@@ -137,7 +137,8 @@ class InformationMaximisation(LocalMethod):
         self._optimizer_state = adamw_state_arrays(optimizer, [context], self._OPTIMIZER)
         self._scaler_state = scaler.state_arrays(self._SCALER)
         with torch.no_grad():
-            after = pclip.logits(features, pclip.text_features([context]))
+            text_after = pclip.text_features([context])
+            after = pclip.logits(features, text_after)
         marginal = batch_marginal(before.detach()) if reference is None else reference
         adaptation = Adaptation(
             prompt=detached([context]),
@@ -153,6 +154,8 @@ class InformationMaximisation(LocalMethod):
                 "updated": 1.0,
                 **scaler.stats(),
             },
+            features=features,
+            text_features=text_after,
         )
         self.own.keep(adaptation.prompt)
         return with_own_score(adaptation, own)

@@ -8,12 +8,17 @@ instead (its ``Params`` attribute gives the parameters); docs/extending.md.
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import importlib
 from dataclasses import dataclass
 from typing import Any
 
 #: IM's diversity terms (see im.py).
 MARGINALS = ("batch", "ema")
+#: The text classifiers of the training-free methods: the received soft prompt, the dataset's template, or its
+#: prompt ensemble (``PromptedCLIP.ensemble_features``).
+CLASSIFIERS = ("prompt", "template", "ensemble")
 
 
 @dataclass(frozen=True)
@@ -24,6 +29,7 @@ class MethodSpec:
     implementation: str
     params: type
     summary: str = ""
+    head: bool = False  # a training-free prediction step that can sit on a prompt-tuning method ("adaprompt+tda")
 
     def load(self) -> Any:
         """The implementing class (imports it, and with it torch)."""
@@ -33,10 +39,23 @@ class MethodSpec:
 
 @dataclass(frozen=True)
 class ZeroShotParams:
-    """init_text: the context whose embeddings form the (unused) travelling prompt; own_prompt: see base.OwnPrompt."""
+    """init_text: the context whose embeddings form the (unused) travelling prompt; classifier: the dataset's
+    template (CoOp's) or its prompt ensemble; own_prompt: see base.OwnPrompt."""
 
     init_text: str = "a photo of a"
     own_prompt: bool = False  # ours: report H_own; the prompt plays no part here, so H_own = H_pre
+    classifier: str = "template"
+
+    def __post_init__(self) -> None:
+        if self.classifier not in ("template", "ensemble"):
+            raise ValueError(f"classifier must be 'template' or 'ensemble', got {self.classifier!r}")
+
+
+@dataclass(frozen=True)
+class EnsembleParams(ZeroShotParams):
+    """zeroshot with the dataset's prompt ensemble."""
+
+    classifier: str = "ensemble"
 
 
 @dataclass(frozen=True)
@@ -120,6 +139,81 @@ class IMParams:
             raise ValueError(f"lr must be > 0 and weight_decay >= 0, got {self.lr}, {self.weight_decay}")
 
 
+def _check_views(n_views: int, keep_ratio: float, image_chunk: int, classifier: str) -> None:
+    if n_views < 0:
+        raise ValueError(f"n_views must be >= 0, got {n_views}")
+    if not 0 < keep_ratio <= 1:
+        raise ValueError(f"keep_ratio must be in (0, 1], got {keep_ratio}")
+    if image_chunk < 1:
+        raise ValueError(f"image_chunk must be >= 1, got {image_chunk}")
+    if classifier not in CLASSIFIERS:
+        raise ValueError(f"classifier must be one of {CLASSIFIERS}, got {classifier!r}")
+
+
+@dataclass(frozen=True)
+class ZeroParams:
+    """Hyperparameters of ZERO (Farina et al. 2024; defaults: the authors' code, FarinaMatteo/zero ``ttas/zero.py``)."""
+
+    init_text: str = "a photo of a"
+    classifier: str = "prompt"  # the received prompt (P0 = init_text: ZERO's "a photo of a {}.")
+    n_views: int = 63  # augmented views per image besides the original: 64 in all (crop + flip, TPT's)
+    keep_ratio: float = 0.3  # gamma: the code's since Oct 2024 (19 of 64 views); the paper's v1 and TPT: 0.1
+    augmix: bool = False  # ZERO uses none
+    augmix_severity: float = 1.0
+    image_chunk: int = 256  # views per image-tower call (memory bound)
+    own_prompt: bool = False  # ours: report H_own (= H_pre: no prompt is tuned)
+
+    def __post_init__(self) -> None:
+        _check_views(self.n_views, self.keep_ratio, self.image_chunk, self.classifier)
+
+    @property
+    def views_kept(self) -> int:
+        """Views that vote: int(keep_ratio * (1 + n_views)), at least one (6 of 64)."""
+        return max(1, int((1 + self.n_views) * self.keep_ratio))
+
+
+@dataclass(frozen=True)
+class TDAParams:
+    """Hyperparameters of TDA (Karmanov et al. 2024; defaults: the authors' ``configs/imagenet.yaml``, kdiAAA/TDA;
+    their fine-grained configs change pos_alpha / pos_beta only)."""
+
+    init_text: str = "a photo of a"
+    classifier: str = "ensemble"  # TDA's text classifier: CLIP's prompt ensemble of the dataset
+    n_views: int = 0  # ImageNet and the fine-grained sets: the original view only; ImageNet-A/V/R/S: 63 AugMix views
+    keep_ratio: float = 0.1  # with views: the confident share whose mean feature and logits stand for the image
+    augmix: bool = False  # (true with n_views = 63 for the authors' ImageNet-A/V/R/S setting)
+    augmix_severity: float = 1.0
+    image_chunk: int = 256
+    pos_capacity: int = 3  # positive cache: shots per class
+    pos_alpha: float = 2.0
+    pos_beta: float = 5.0
+    neg_capacity: int = 2  # negative cache: shots per class
+    neg_alpha: float = 0.117
+    neg_beta: float = 1.0
+    neg_entropy_low: float = 0.2  # a sample enters the negative cache when its normalised entropy is inside
+    neg_entropy_high: float = 0.5
+    neg_mask_low: float = 0.03  # classes whose probability is inside these bounds are its negative labels
+    neg_mask_high: float = 1.0
+    own_prompt: bool = False  # ours: report H_own (= H_pre: no prompt is tuned)
+
+    def __post_init__(self) -> None:
+        _check_views(self.n_views, self.keep_ratio, self.image_chunk, self.classifier)
+        if self.pos_capacity < 0 or self.neg_capacity < 0:
+            raise ValueError("pos_capacity and neg_capacity must be >= 0 (0 turns that cache off)")
+        if min(self.pos_beta, self.neg_beta) < 0 or min(self.pos_alpha, self.neg_alpha) < 0:
+            raise ValueError("the caches' alpha and beta must be >= 0")
+        if not 0 <= self.neg_entropy_low < self.neg_entropy_high:
+            raise ValueError(
+                f"need 0 <= neg_entropy_low < neg_entropy_high, got {self.neg_entropy_low}, {self.neg_entropy_high}"
+            )
+        if not 0 <= self.neg_mask_low < self.neg_mask_high:
+            raise ValueError(f"need 0 <= neg_mask_low < neg_mask_high, got {self.neg_mask_low}, {self.neg_mask_high}")
+
+    @property
+    def views_kept(self) -> int:
+        return max(1, int((1 + self.n_views) * self.keep_ratio))
+
+
 ZEROSHOT = MethodSpec(
     "fedrapp_app.methods.zeroshot:ZeroShot", ZeroShotParams, "zero-shot CLIP with the dataset's template, no adaptation"
 )
@@ -137,3 +231,63 @@ IM = MethodSpec(
     IMParams,
     "information maximisation (ours, SHOT-style): confident and diverse predictions",
 )
+ZEROSHOT_ENSEMBLE = MethodSpec(
+    "fedrapp_app.methods.zeroshot:ZeroShotEnsemble",
+    EnsembleParams,
+    "zero-shot CLIP with the dataset's prompt ensemble (Radford et al. 2021), no adaptation",
+)
+ZERO = MethodSpec(
+    "fedrapp_app.methods.zero:Zero",
+    ZeroParams,
+    "ZERO (Farina et al. 2024): a zero-temperature vote of the confident augmented views, training-free",
+    head=True,
+)
+TDA = MethodSpec(
+    "fedrapp_app.methods.tda:TDA",
+    TDAParams,
+    "TDA (Karmanov et al. 2024): positive and negative caches of test features, training-free",
+    head=True,
+)
+
+
+#: The head's parameters a stacked method does not take: the head predicts with the base's tuned prompt, and the
+#: own prompt is the base's.
+_HEAD_SHARED = ("init_text", "classifier", "own_prompt")
+
+
+@functools.cache
+def stacked_spec(base_name: str, base: MethodSpec, head_name: str, head: MethodSpec) -> MethodSpec:
+    """The method ``base+head``: ``base``'s parameters as they are, the head's prefixed with its name
+    (``tda_pos_alpha``, in a run config ``tda-pos-alpha``), checked by both parameter classes."""
+    prefix = head_name.replace("-", "_") + "_"
+    base_fields = [(f.name, f.type, dataclasses.field(default=f.default)) for f in dataclasses.fields(base.params)]
+    head_fields = [
+        (prefix + f.name, f.type, dataclasses.field(default=f.default))
+        for f in dataclasses.fields(head.params)
+        if f.name not in _HEAD_SHARED
+    ]
+
+    def check(self: Any) -> None:  # each part's own range checks
+        stacked_parts(self)
+
+    params = dataclasses.make_dataclass(
+        f"{base.params.__name__}Plus{head.params.__name__}",
+        base_fields + head_fields,
+        frozen=True,
+        namespace={"__post_init__": check, "__doc__": f"{base_name}'s parameters and {head_name}'s, prefixed"},
+    )
+    params.stacking = (base_name, base.params, head_name, head.params, prefix)  # type: ignore[attr-defined]
+    summary = f"{base_name} tunes and uploads the prompt; {head_name} predicts with the tuned prompt"
+    return MethodSpec("fedrapp_app.methods.stacked:Stacked", params, summary)
+
+
+def stacked_parts(params: Any) -> tuple[str, str, dict[str, Any], dict[str, Any]]:
+    """A stacked method's parameters split: (base name, head name, base values, head values); each part's
+    parameter class is built once to check its ranges (``ValueError``)."""
+    base_name, base_cls, head_name, head_cls, prefix = type(params).stacking
+    values = dataclasses.asdict(params)
+    base_values = {f.name: values[f.name] for f in dataclasses.fields(base_cls)}
+    head_values = {name[len(prefix) :]: value for name, value in values.items() if name.startswith(prefix)}
+    base_cls(**base_values)
+    head_cls(**{"classifier": "prompt", **head_values})
+    return base_name, head_name, base_values, head_values

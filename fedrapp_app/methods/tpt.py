@@ -28,7 +28,6 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from fedrapp_app.engine.images import ViewDraws, normalisation, views_batch
 from fedrapp_app.engine.prompts import PromptedCLIP
 from fedrapp_app.methods.base import (
     Adaptation,
@@ -45,6 +44,7 @@ from fedrapp_app.methods.base import (
 )
 from fedrapp_app.methods.params import TPTParams
 from fedrapp_app.methods.scaling import LossScaler, scaler_for
+from fedrapp_app.methods.views import view_features
 
 
 # ----- the loss (pure functions) ---------------------------------------------------------------------
@@ -87,25 +87,12 @@ class TPT(LocalMethod):
         return [initial_context(pclip, self.params.init_text, self.params.csc)]
 
     def view_features(self, pclip: PromptedCLIP, pixel_values: Tensor, generator: torch.Generator) -> Tensor:
-        """Features of each image's original view (row 0) and augmented views -> Tensor[B, 1 + n_views, E].
-
-        One seed per image is drawn from ``generator`` and each image's views are drawn from its own seed on
-        the host, so views do not depend on chunking or device. The batch goes to the device in one copy,
-        and the views of ``image_chunk // (1 + n_views)`` images are made together (:func:`views_batch`).
-        """
+        """Features of each image's original view (row 0) and augmented views -> Tensor[B, 1 + n_views, E]."""
         p = self.params
-        seeds = torch.randint(0, 2**62, (pixel_values.shape[0],), generator=generator).tolist()
-        draws = [
-            ViewDraws.draw(p.n_views, torch.Generator().manual_seed(s), p.augmix, p.augmix_severity) for s in seeds
-        ]
-        mean, std = normalisation(pclip.clip.image_processor)
-        pixels = pixel_values.to(pclip.device)
-        per_call = max(1, p.image_chunk // (1 + p.n_views))
-        features = []
-        for start in range(0, len(seeds), per_call):
-            views = views_batch(pixels[start : start + per_call], draws[start : start + per_call], mean, std)
-            features.append(pclip.image_features(views, chunk_size=p.image_chunk))
-        return torch.cat(features).unflatten(0, (len(seeds), 1 + p.n_views))
+        return view_features(
+            pclip, pixel_values, generator, p.n_views, augmix=p.augmix, severity=p.augmix_severity,
+            image_chunk=p.image_chunk,
+        )  # fmt: skip
 
     def adapt(
         self, pclip: PromptedCLIP, prompt: Sequence[Tensor], pixel_values: Tensor, generator: torch.Generator

@@ -1,8 +1,10 @@
 """Zero-shot CLIP: no adaptation, the reference row of every table (SPEC §3).
 
-Predictions use the hard prompt ``template.format(name)`` (the dataset's zero-shot template) and ignore
-the received prompt, which is returned unchanged (H_pre == H_post). Its initial prompt is the context of
-"a photo of a" so that it travels through the federation like the other methods' prompts.
+Predictions use the hard prompt ``template.format(name)`` (the dataset's zero-shot template) or, with
+``classifier = "ensemble"`` (the method ``zeroshot-ensemble``), CLIP's prompt ensemble of the dataset's
+templates (``PromptedCLIP.ensemble_features``), and ignore the received prompt, which is returned unchanged
+(H_pre == H_post). Its initial prompt is the context of "a photo of a" so that it travels through the
+federation like the other methods' prompts.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from torch import Tensor
 
 from fedrapp_app.engine.prompts import PromptedCLIP
 from fedrapp_app.methods.base import Adaptation, LocalMethod, batch_marginal_entropy, check_prompt, mean_entropy
-from fedrapp_app.methods.params import ZeroShotParams
+from fedrapp_app.methods.params import EnsembleParams, ZeroShotParams
 
 
 class ZeroShot(LocalMethod):
@@ -35,7 +37,8 @@ class ZeroShot(LocalMethod):
     ) -> Adaptation:
         received = check_prompt(prompt, self.initial_prompt(pclip), self.name)
         features = pclip.image_features(pixel_values)  # [B, E]
-        logits = pclip.logits(features, pclip.hard_prompt_features().unsqueeze(0))  # [B, C]
+        classifier = pclip.ensemble_features() if self.params.classifier == "ensemble" else pclip.hard_prompt_features()
+        logits = pclip.logits(features, classifier.unsqueeze(0))  # [B, C]
         predictions = logits.argmax(-1).cpu()
         h = mean_entropy(logits)
         adaptation = Adaptation(received, predictions, predictions.clone(), h, h, {"updated": 0.0})
@@ -43,3 +46,10 @@ class ZeroShot(LocalMethod):
             adaptation.h_own, adaptation.predictions_own = h, predictions.clone()
             adaptation.hm_pre = adaptation.hm_own = batch_marginal_entropy(logits)
         return adaptation
+
+
+class ZeroShotEnsemble(ZeroShot):
+    """Zero-shot with the dataset's prompt ensemble (``classifier = "ensemble"`` by default)."""
+
+    name: ClassVar[str] = "zeroshot-ensemble"
+    Params: ClassVar[type] = EnsembleParams

@@ -19,12 +19,14 @@ class Source(ABC):
     ----------
     classnames : cleaned class names; label ``c`` is ``classnames[c]``.
     template : zero-shot template with one ``{}`` (the preset's).
+    templates : the preset's prompt ensemble (empty: the template alone).
     description : where the data comes from, for logs and errors.
     """
 
     classnames: list[str]
     template: str
     description: str
+    templates: tuple[str, ...] = ()
 
     @abstractmethod
     def labels(self) -> np.ndarray:
@@ -63,7 +65,9 @@ class ClassSubset(Source):
     """The samples of the kept classes of another source, relabelled 0..C'-1 (e.g. Caltech101 without
     its background class)."""
 
-    def __init__(self, base: Source, keep: np.ndarray, classnames: list[str], template: str) -> None:
+    def __init__(
+        self, base: Source, keep: np.ndarray, classnames: list[str], template: str, templates: tuple[str, ...] = ()
+    ) -> None:
         raw = base.labels()
         self._base = base
         self._rows = np.flatnonzero(keep[raw])
@@ -71,6 +75,7 @@ class ClassSubset(Source):
         self._labels = new_label[raw[self._rows]].astype(np.int64)
         self.classnames = classnames
         self.template = template
+        self.templates = tuple(templates)
         dropped = len(keep) - int(keep.sum())
         self.description = f"{base.description} without {dropped} dropped class(es)"
         check_labels(self._labels, len(classnames), self.description)
@@ -93,5 +98,6 @@ def with_preset(source: Source, preset: DatasetPreset) -> Source:
     if keep.all():
         source.classnames = names
         source.template = preset.template
+        source.templates = preset.ensemble
         return source
-    return ClassSubset(source, keep, names, preset.template)
+    return ClassSubset(source, keep, names, preset.template, preset.ensemble)
