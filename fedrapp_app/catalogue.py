@@ -66,6 +66,14 @@ def main(argv: list[str] | None = None) -> int:
         title = "Local methods (local-method = NAME)"
         sections.append(_section(title, plugins.METHODS, find_method, METHOD_KEYS, "method-params"))
     print("\n\n".join(sections))
+    if args.what in (None, "methods"):
+        from fedrapp_app.methods import methods
+
+        heads = sorted(name for name, spec in methods().items() if spec.head)
+        print(
+            f"\nA training-free head ({', '.join(heads)}) predicts with a prompt-tuning method's tuned prompt: "
+            f"local-method = 'adaprompt+{heads[0]}', its parameters prefixed (method-params='{heads[0]}-...')."
+        )
     print("\nA module on PYTHONPATH serves too: strategy = 'module:RULE', local-method = 'module:Class'.")
     print("How to add a rule or a method: docs/extending.md.")
     return 0

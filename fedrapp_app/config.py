@@ -100,7 +100,8 @@ KEYS: tuple[Key, ...] = (
     Key(
         "local-method",
         "adaprompt",
-        f"client test-time method: {', '.join(LOCAL_METHODS)}, a plugin's name or module:Class",
+        f"client test-time method: {', '.join(LOCAL_METHODS)}, a prompt-tuning method with a training-free head "
+        "(adaprompt+tda, docs/methods.md), a plugin's name or module:Class",
         group="run",
         everyday=True,
     ),

@@ -212,3 +212,13 @@ def test_a_training_free_federation_does_not_depend_on_the_rule(testbed_tiny, tm
         assert all(np.array_equal(v, p0) for v in grid.sent.values())
         scores[strategy] = [r["correct"] for r in read_rows(summary["run_dir"])]
     assert scores["fedrapp"] == scores["none-fed"] == scores["fedavg"]
+
+
+def test_every_stream_carries_its_presets_prompt_ensemble():
+    from fedrapp_app.data import DataSpec, build_client_stream
+    from fedrapp_app.data.presets import get_preset
+
+    stream = build_client_stream(DataSpec(dataset="testbed", num_clients=2, testbed_samples=64), 0)
+    assert stream.templates == get_preset("testbed").ensemble and len(stream.templates) == 4
+    assert get_preset("imagenet").templates[0] == "itap of a {}."
+    assert get_preset("dtd").templates == ("{} texture.",)  # the template alone, as TDA does

@@ -101,8 +101,10 @@ def build_source(spec: DataSpec) -> Source:
     preset = get_preset(spec.dataset)
     kind, location = resolve_source(spec)
     workers = spec.decode_workers
-    if kind == "testbed":
-        return TestbedSource(spec.testbed_samples, spec.seed, decode_workers=workers)
+    if kind == "testbed":  # its class names and template are its own; the preset adds the prompt ensemble
+        source = TestbedSource(spec.testbed_samples, spec.seed, decode_workers=workers)
+        source.templates = preset.ensemble
+        return source
     if kind == "webdataset":
         raw = _open_webdataset(spec, preset, location)
     elif kind == "hf":
