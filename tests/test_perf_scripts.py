@@ -118,3 +118,17 @@ def test_gpu_check_script_runs_its_cpu_path_end_to_end(tmp_path):
     summary = (tmp_path / "out" / "summary.txt").read_text()
     assert "default federation fp32:" in summary and "default federation bf16:" in summary
     assert "client 3 on cpu" in summary and "all steps ok" in done.stdout
+
+
+def test_training_free_cost_script_times_every_method(tmp_path):
+    import training_free_cost
+
+    out = tmp_path / "cost.json"
+    assert (
+        training_free_cost.main(["--tiny", "--images", "4", "--view-images", "1", "--repeats", "1", "--out", str(out)])
+        == 0
+    )
+    result = json.loads(out.read_text())
+    assert list(result["results"]) == [name for name, _, _ in training_free_cost.METHODS]
+    assert all(cost["per_image"] > 0 for cost in result["results"].values())
+    assert result["results"]["zero"]["images"] == 1 and result["results"]["tda"]["images"] == 4
