@@ -26,6 +26,15 @@ REFERENCE = ("tda", "none-fed")
 #: The grid label of the zero-shot row (the cost reference).
 ZEROSHOT = ("zeroshot", "none-fed")
 TUNED_SUFFIX = "-tuned"
+#: Table order: the training-free methods first, then the rest as the bench file lists them.
+FIRST = ("zeroshot", "ensemble", "tda", "zero")
+
+
+def ordered(keys: Sequence[tuple[str, str]]) -> list[tuple[str, str]]:
+    """(method, rule) keys with the training-free methods first (:data:`FIRST`), otherwise in the given order."""
+    keys = list(dict.fromkeys(keys))
+    rank = {name: i for i, name in enumerate(FIRST)}
+    return sorted(keys, key=lambda k: (rank.get(k[0], len(FIRST)), keys.index(k)))
 
 
 def setting_of(grid: str) -> str:
@@ -80,7 +89,8 @@ def setting_table(name: str, cells: Mapping[tuple[str, str], Mapping[int, Mappin
         "| method | rule | accuracy (%) | vs TDA alone | 95% interval | vs its none-fed | step (ms) | × zero-shot |",
         "|---|---|---|---|---|---|---|---|",
     ]
-    for (method, rule), by_seed in cells.items():
+    for method, rule in ordered(list(cells)):
+        by_seed = cells[(method, rule)]
         accuracy = mean_std(v["acc"] for v in by_seed.values())
         versus_tda = paired(by_seed, cells.get(REFERENCE)) if (method, rule) != REFERENCE else None
         own = paired(by_seed, cells.get((method, "none-fed"))) if rule != "none-fed" else None
@@ -97,7 +107,7 @@ def setting_table(name: str, cells: Mapping[tuple[str, str], Mapping[int, Mappin
 def summary_table(collected: Mapping[str, Mapping[tuple[str, str], Mapping[int, Mapping[str, float]]]]) -> str:
     """Accuracy (mean over seeds) of every (method, rule) in every setting, one column per setting."""
     settings = list(collected)
-    keys = list(dict.fromkeys(k for cells in collected.values() for k in cells))
+    keys = ordered([k for cells in collected.values() for k in cells])
     lines = ["| method | rule | " + " | ".join(settings) + " |", "|---|---|" + "---|" * len(settings)]
     for method, rule in keys:
         values = []
