@@ -692,7 +692,7 @@ def method_values(v: Mapping[str, Scalar], own_prompt: bool) -> dict[str, Any]:
     name = str(v["local-method"])
     spec = find_method(name).target
     fields = field_names(spec.params)
-    own_keys = dict(METHOD_KEYS.get(name.partition("+")[0], {}))  # a stacked method: its base's keys
+    own_keys = dict(method_keys(name))
     if v["csc"] and "csc" not in own_keys:
         if "csc" not in fields:
             raise ValueError(
@@ -737,6 +737,12 @@ METHOD_KEYS: dict[str, dict[str, str]] = {
     "zeroshot": {},
 }
 METHOD_KEYS["tpt-online"] = METHOD_KEYS["tpt"]
+
+
+def method_keys(name: str) -> dict[str, str]:
+    """The run-config keys of local method ``name`` (a stacked ``base+head``: its base's)."""
+    return METHOD_KEYS.get(name.partition("+")[0], {})
+
 
 #: Run-config keys of each server rule's hyperparameters -> the rule's parameter names.
 RULE_KEYS: dict[str, dict[str, str]] = {

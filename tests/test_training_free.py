@@ -222,3 +222,11 @@ def test_every_stream_carries_its_presets_prompt_ensemble():
     assert stream.templates == get_preset("testbed").ensemble and len(stream.templates) == 4
     assert get_preset("imagenet").templates[0] == "itap of a {}."
     assert get_preset("dtd").templates == ("{} texture.",)  # the template alone, as TDA does
+
+
+def test_a_bench_cell_of_a_stacked_method_keeps_its_base_keys():
+    """csc and adaprompt-lr change an 'adaprompt+tda' cell, so they are part of its identity (resume)."""
+    from fedrapp_app.bench.schema import irrelevant_keys
+
+    assert not {"csc", "adaprompt-lr"} & irrelevant_keys("fedrapp", "adaprompt+tda")
+    assert "im-lr" in irrelevant_keys("fedrapp", "adaprompt+tda")

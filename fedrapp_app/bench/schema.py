@@ -38,7 +38,7 @@ from typing import Any
 
 import yaml
 
-from fedrapp_app.config import DEFAULTS, METHOD_KEYS, RULE_KEYS, ConfigError, RunConfig
+from fedrapp_app.config import DEFAULTS, METHOD_KEYS, RULE_KEYS, ConfigError, RunConfig, method_keys
 
 #: Keys the runner sets for every cell (each cell writes into its own folder of the bench directory).
 RUNNER_KEYS = ("output-dir", "run-name", "resume")
@@ -109,7 +109,7 @@ def irrelevant_keys(strategy: str, method: str) -> set[str]:
     """Keys that cannot change the results of a cell with this server rule and local method."""
     foreign = {k for rule, keys in RULE_KEYS.items() if rule != strategy for k in keys}
     foreign |= {k for name, keys in METHOD_KEYS.items() if name != method for k in keys}
-    foreign -= set(RULE_KEYS.get(strategy, {})) | set(METHOD_KEYS.get(method, {}))
+    foreign -= set(RULE_KEYS.get(strategy, {})) | set(method_keys(method))
     return foreign | set(SPEED_KEYS) | set(RUNNER_KEYS)
 
 
