@@ -1,8 +1,8 @@
 """``python -m fedrapp_app.bench.trainingfree <bench-dir>``: training-free methods beside prompt sharing.
 
 Reads ``<bench-dir>/cells.jsonl`` of ``conf/bench/training-free.yaml`` (grids ``X`` with the training-free methods
-under none-fed and ``X-tuned`` with AdaPrompt and AdaPrompt+TDA under none-fed, FedRAPP and FedRAPP's trust
-option, for settings X) and each cell's ``rounds.jsonl`` (the clients' step times), and writes
+under none-fed and ``X-tuned`` / ``X-csc`` with AdaPrompt and AdaPrompt+TDA under none-fed, FedRAPP and
+FedRAPP's trust option, for settings X) and each cell's ``rounds.jsonl`` (the clients' step times), and writes
 ``training-free.md``: per setting, every (method, rule)'s online micro accuracy (mean ± std over seeds), its
 gain over TDA alone and over its own method under none-fed (paired by seed, with the 95% interval), and the
 client step time (``t-adapt``: the method's ``adapt``, mean over steps and seeds) relative to zero-shot in the
@@ -25,7 +25,6 @@ from fedrapp_app.bench.stats import Stat, mean_std
 REFERENCE = ("tda", "none-fed")
 #: The grid label of the zero-shot row (the cost reference).
 ZEROSHOT = ("zeroshot", "none-fed")
-TUNED_SUFFIX = "-tuned"
 #: Table order: the training-free methods first, then the rest as the bench file lists them.
 FIRST = ("zeroshot", "ensemble", "tda", "zero")
 
@@ -38,8 +37,8 @@ def ordered(keys: Sequence[tuple[str, str]]) -> list[tuple[str, str]]:
 
 
 def setting_of(grid: str) -> str:
-    """The setting a grid belongs to: ``S1-tuned`` -> ``S1``."""
-    return grid[: -len(TUNED_SUFFIX)] if grid.endswith(TUNED_SUFFIX) else grid
+    """The setting a grid belongs to: ``S1-tuned`` and ``S1-csc`` -> ``S1`` (the same streams)."""
+    return grid.partition("-")[0]
 
 
 def step_seconds(run_dir: str | Path) -> float | None:
