@@ -10,8 +10,10 @@ from flwr.app import MetricRecord, RecordDict
 
 from fedrapp_app.config import RunConfig
 from fedrapp_app.methods import BUILT_IN as METHODS
-from fedrapp_app.methods import make_method
+from fedrapp_app.methods import find_method, make_method
 from fedrapp_app.methods.base import OwnPrompt, batch_marginal_entropy, mean_entropy, neighbour_votes
+from fedrapp_app.methods.trainingfree import TrainingFree
+from fedrapp_app.methods.zeroshot import ZeroShot
 from fedrapp_app.records import METRICS, PROMPT, RejectedReply, parse_train_reply, prompt_to_record
 
 #: Small settings that make every method update from its first batch on the tiny CLIP.
@@ -21,8 +23,11 @@ PARAMS = {
     "tpt": {"n_views": 3},
     "tpt-online": {"n_views": 3},
     "zeroshot": {},
+    "zero": {"n_views": 4},
 }
-TUNED = sorted(set(METHODS) - {"zeroshot"})
+#: The methods that tune no prompt (zero-shot and the training-free ones): their own prompt is the received one.
+TRAINING_FREE = sorted(n for n in METHODS if issubclass(find_method(n).target.load(), (ZeroShot, TrainingFree)))
+TUNED = sorted(set(METHODS) - set(TRAINING_FREE))
 
 
 def rounds(method, pclip, batches, nudge: float = 0.01):
@@ -37,7 +42,7 @@ def rounds(method, pclip, batches, nudge: float = 0.01):
 @pytest.mark.parametrize("name", TUNED)
 def test_h_own_is_the_entropy_of_the_last_tuned_prompt_on_the_new_batch(tiny_pclip, make_pixels, name):
     batches = [make_pixels(6, seed=s) for s in range(3)]
-    results = rounds(make_method(name, PARAMS[name], own_prompt=True), tiny_pclip, batches)
+    results = rounds(make_method(name, PARAMS.get(name, {}), own_prompt=True), tiny_pclip, batches)
     assert results[0].h_own is None and results[0].predictions_own is None  # no own prompt before round 1
     for previous, result, pixels in zip(results, results[1:], batches[1:], strict=False):
         with torch.no_grad():
@@ -53,8 +58,8 @@ def test_h_own_is_the_entropy_of_the_last_tuned_prompt_on_the_new_batch(tiny_pcl
 @pytest.mark.parametrize("name", sorted(METHODS))
 def test_keeping_the_own_prompt_changes_no_prompt_and_no_prediction(tiny_pclip, make_pixels, name):
     batches = [make_pixels(5, seed=s) for s in range(3)]
-    plain = rounds(make_method(name, PARAMS[name]), tiny_pclip, batches)
-    tracked = rounds(make_method(name, PARAMS[name], own_prompt=True), tiny_pclip, batches)
+    plain = rounds(make_method(name, PARAMS.get(name, {})), tiny_pclip, batches)
+    tracked = rounds(make_method(name, PARAMS.get(name, {}), own_prompt=True), tiny_pclip, batches)
     for a, b in zip(plain, tracked, strict=True):
         assert all(torch.equal(x, y) for x, y in zip(a.prompt, b.prompt, strict=True))
         assert torch.equal(a.predictions, b.predictions) and torch.equal(a.predictions_before, b.predictions_before)
@@ -64,26 +69,26 @@ def test_keeping_the_own_prompt_changes_no_prompt_and_no_prediction(tiny_pclip, 
 @pytest.mark.parametrize("name", TUNED)
 def test_the_own_prompt_survives_a_new_client_process(tiny_pclip, make_pixels, name):
     batches = [make_pixels(6, seed=s) for s in range(3)]
-    straight = rounds(make_method(name, PARAMS[name], own_prompt=True), tiny_pclip, batches)
-    first = make_method(name, PARAMS[name], own_prompt=True)
+    straight = rounds(make_method(name, PARAMS.get(name, {}), own_prompt=True), tiny_pclip, batches)
+    first = make_method(name, PARAMS.get(name, {}), own_prompt=True)
     done = rounds(first, tiny_pclip, batches[:2])
     state = first.state_dict()
     assert any(key.startswith(OwnPrompt.PREFIX) for key in state)
-    resumed = make_method(name, PARAMS[name], own_prompt=True)
+    resumed = make_method(name, PARAMS.get(name, {}), own_prompt=True)
     resumed.load_state_dict({k: v.copy() for k, v in state.items()})
     prompt = [block + 0.02 for block in done[-1].prompt]
     again = resumed.adapt(tiny_pclip, prompt, batches[2], torch.Generator().manual_seed(2))
     assert again.h_own == straight[2].h_own  # the kept prompt came back bit for bit
-    plain = make_method(name, PARAMS[name])  # off: nothing is kept
+    plain = make_method(name, PARAMS.get(name, {}))  # off: nothing is kept
     rounds(plain, tiny_pclip, batches[:2])
     assert not any(key.startswith(OwnPrompt.PREFIX) for key in plain.state_dict())
 
 
-def test_zero_shot_reports_its_own_entropy_as_h_own(tiny_pclip, make_pixels):
-    result = make_method("zeroshot", own_prompt=True).adapt(
-        tiny_pclip, make_method("zeroshot").initial_prompt(tiny_pclip), make_pixels(4), torch.Generator()
-    )
-    assert result.h_own == result.h_pre and torch.equal(result.predictions_own, result.predictions)
+@pytest.mark.parametrize("name", TRAINING_FREE)
+def test_a_training_free_method_reports_its_entropy_before_as_h_own(tiny_pclip, make_pixels, name):
+    method = make_method(name, PARAMS.get(name, {}), own_prompt=True)
+    result = method.adapt(tiny_pclip, method.initial_prompt(tiny_pclip), make_pixels(4), torch.Generator())
+    assert result.h_own == result.h_pre and torch.equal(result.predictions_own, result.predictions_before)
 
 
 def test_a_kept_prompt_of_another_shape_or_bad_keys_are_refused(tiny_pclip, make_pixels):
@@ -172,8 +177,8 @@ def test_a_probe_is_scored_against_the_own_prompt_and_a_probe_equal_to_the_recei
     """The probe's entropy and marginal are the formulas on its own logits; sent the received prompt as the probe, a
     client reports for it exactly what it reports for the received prompt; no prompt or prediction moves."""
     batches = [make_pixels(6, seed=s) for s in range(3)]
-    plain = rounds(make_method(name, PARAMS[name], own_prompt=True), tiny_pclip, batches)
-    method, prompt = make_method(name, PARAMS[name], own_prompt=True), None
+    plain = rounds(make_method(name, PARAMS.get(name, {}), own_prompt=True), tiny_pclip, batches)
+    method, prompt = make_method(name, PARAMS.get(name, {}), own_prompt=True), None
     for k, pixels in enumerate(batches):
         prompt = method.initial_prompt(tiny_pclip) if k == 0 else [b + 0.01 * k for b in plain[k - 1].prompt]
         probe = [np.asarray(b, dtype=np.float32) * (1.0 + 0.05 * k) + 0.02 for b in prompt]
@@ -190,7 +195,7 @@ def test_a_probe_is_scored_against_the_own_prompt_and_a_probe_equal_to_the_recei
         assert result.probe.h_probe == pytest.approx(mean_entropy(logits), rel=1e-5, abs=1e-6)
         assert result.probe.hm_probe == pytest.approx(batch_marginal_entropy(logits), rel=1e-5, abs=1e-6)
         assert torch.equal(result.probe.predictions, logits.argmax(-1))
-    same = make_method(name, PARAMS[name], own_prompt=True)
+    same = make_method(name, PARAMS.get(name, {}), own_prompt=True)
     for k, pixels in enumerate(batches):
         prompt = same.initial_prompt(tiny_pclip) if k == 0 else [b + 0.01 * k for b in plain[k - 1].prompt]
         same.set_probe([np.asarray(b, dtype=np.float32) for b in prompt])
