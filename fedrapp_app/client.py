@@ -5,7 +5,8 @@ state: AdaPrompt's buffer, optimizer moments, step counters), because the proces
 change between rounds. The frozen model and the class-name buffers are cached per process (keyed by what
 determines them), the streams by the data layer: in simulation one process serves many nodes in turn.
 
-Labels are read in exactly one place, ``_score``, to count correct predictions for the report.
+Labels are read in exactly one place, ``_right``, to score predictions for the report (accuracy, calibration,
+accuracy per shift domain).
 """
 
 from __future__ import annotations
@@ -28,13 +29,15 @@ from flwr.clientapp import ClientApp
 from flwr.common.constant import ErrorCode
 
 from fedrapp_app.attacks import poisoned_upload
+from fedrapp_app.calibration import calibration_bins
 from fedrapp_app.checkpoint import load_client_snapshot, save_client_snapshot
 from fedrapp_app.config import ConfigError, RunConfig, attack_clients
-from fedrapp_app.data import ClientStream, build_client_stream
+from fedrapp_app.data import ClientStream, StreamBatch, build_client_stream
 from fedrapp_app.engine import PromptedCLIP, load_clip
 from fedrapp_app.engine.devices import current_device_description, device_for_node, set_deterministic
 from fedrapp_app.errors import describe
 from fedrapp_app.methods import LocalMethod, make_method
+from fedrapp_app.methods.base import Adaptation
 from fedrapp_app.records import (
     CONFIG,
     INFO,
@@ -208,9 +211,38 @@ def step_generator(seed: int, client: int, position: int) -> torch.Generator:
     return torch.Generator().manual_seed(int(state[0] % (2**63)))
 
 
+def _right(predictions: torch.Tensor, labels: np.ndarray) -> np.ndarray:
+    """bool [B]: which predictions are right (the only use of labels on a client)."""
+    return predictions.cpu().numpy() == labels
+
+
 def _score(predictions: torch.Tensor, labels: np.ndarray) -> int:
-    """Number of correct predictions (the only use of labels on a client)."""
-    return int((predictions.cpu().numpy() == labels).sum())
+    """Number of correct predictions."""
+    return int(_right(predictions, labels).sum())
+
+
+def outcome_metrics(result: Adaptation, batch: StreamBatch) -> tuple[dict[str, Any], dict[str, Any]]:
+    """What the report reads besides accuracy, as (metrics, notes): the calibration bins of the predictions
+    after and before adaptation (``calib-*``, ``calib-before-*``; where the method gives confidences) and, on a
+    stream with shift domains, the samples and right predictions per domain (``domain-n``, ``domain-correct``;
+    the domains' names in the notes, ``domains``)."""
+    right = _right(result.predictions, batch.labels)
+    metrics: dict[str, Any] = {}
+    pairs = (("calib", result.confidence, right), ("calib-before", result.confidence_before, None))
+    for prefix, confidence, correct in pairs:
+        if confidence is not None:
+            if correct is None:
+                correct = _right(result.predictions_before, batch.labels)
+            bins = calibration_bins(confidence.cpu().numpy().clip(0.0, 1.0), correct)
+            metrics.update({f"{prefix}-{key}": value for key, value in bins.as_lists().items()})
+    notes: dict[str, Any] = {}
+    if batch.domains:
+        names = list(dict.fromkeys(batch.domains))
+        where = np.array([names.index(d) for d in batch.domains])
+        metrics["domain-n"] = np.bincount(where, minlength=len(names)).tolist()
+        metrics["domain-correct"] = np.bincount(where, weights=right, minlength=len(names)).astype(int).tolist()
+        notes["domains"] = names
+    return metrics, notes
 
 
 def _reported_errors(handler: Callable[[Message, Context], Message]) -> Callable[[Message, Context], Message]:
@@ -337,6 +369,10 @@ def train(msg: Message, context: Context) -> Message:
         "pid": os.getpid(),
         **{f"stat-{k}": float(v) for k, v in result.stats.items()},
     }
+    outcome, outcome_notes = outcome_metrics(result, batch)
+    metrics.update(outcome)
+    for key, value in outcome_notes.items():
+        notes[key] = value
     if result.h_own is not None:  # the own last tuned prompt on this batch (report-own-prompt; the rule reads h-*)
         own = {
             "h-own": result.h_own,

@@ -15,7 +15,8 @@ from pathlib import Path
 from typing import Any
 
 from fedrapp_app import builtins
-from fedrapp_app.data.spec import DataSpec
+from fedrapp_app.data.shift import SHIFTS
+from fedrapp_app.data.spec import STREAM_ORDERS, DataSpec
 
 Scalar = bool | int | float | str
 
@@ -219,6 +220,36 @@ KEYS: tuple[Key, ...] = (
         "testbed-domains",
         _DATA.testbed_domains,
         "testbed shift domains 'name:severity,...'; client i gets domain i mod D ('clean' = none)",
+        group="data",
+    ),
+    Key(
+        "shift",
+        _DATA.shift,
+        "ours: how a client's testbed domain moves along its stream: 'fixed' (the paper's), 'continual' (through the "
+        "domains in turn), 'gradual' (severity up and down, family by family), 'mixed' (per sample); docs/shift.md",
+        choices=SHIFTS,
+        group="data",
+    ),
+    Key("shift-period", _DATA.shift_period, "batches per shift step (continual, gradual)", minimum=1, group="data"),
+    Key(
+        "shift-rate",
+        _DATA.shift_rate,
+        "below 1; > 0: a shift step at each batch with this probability (shared by all clients), not each period",
+        minimum=0.0,
+        group="data",
+    ),
+    Key(
+        "shift-spread",
+        _DATA.shift_spread,
+        "domains active across clients at once under a schedule (client i starts at domain i mod it); 0 = all",
+        minimum=0,
+        group="data",
+    ),
+    Key(
+        "stream-order",
+        _DATA.stream_order,
+        "ours: a client's stream at random (the paper's) or class after class ('class', class-correlated)",
+        choices=STREAM_ORDERS,
         group="data",
     ),
     Key(
@@ -496,7 +527,8 @@ def check_values(run_config: Mapping[str, Any], with_rule: bool = True) -> dict[
     for name, value in run_config.items():
         key = KEY_BY_NAME.get(name)
         if key is None:
-            close = difflib.get_close_matches(name, KEY_BY_NAME, n=1)
+            family = [k for k in KEY_BY_NAME if k.split("-")[0] == str(name).split("-")[0]]  # trust-*, shift-*
+            close = difflib.get_close_matches(name, family, n=1) or difflib.get_close_matches(name, KEY_BY_NAME, n=1)
             hint = f"did you mean {close[0]!r}?" if close else "every key is in docs/configuration.md"
             problems.append(f"  {name} = {value!r}: unknown key ({hint})")
             continue
@@ -792,6 +824,11 @@ DATA_KEYS: dict[str, str] = {
     "testbed-samples": "testbed_samples",
     "testbed-domains": "testbed_domains",
     "decode-workers": "decode_workers",
+    "shift": "shift",
+    "shift-period": "shift_period",
+    "shift-rate": "shift_rate",
+    "shift-spread": "shift_spread",
+    "stream-order": "stream_order",
 }
 
 
@@ -885,7 +922,7 @@ def _domain_groups(spec) -> tuple[int, ...]:
     if any(d is None for d in domains):
         raise ConfigError(
             "invalid run config:\n  strategy = 'domain-oracle': it needs every client's shift domain, which "
-            "only the testbed with testbed-domains has; it is a reference, not a deployable strategy"
+            "only the testbed with testbed-domains and shift='fixed' has; it is a reference, not a deployable strategy"
         )
     index = {d: i for i, d in enumerate(dict.fromkeys(domains))}
     return tuple(index[d] for d in domains)

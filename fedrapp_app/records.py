@@ -17,10 +17,12 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 from flwr.app import Array, ArrayRecord, RecordDict
+
+from fedrapp_app.calibration import Bins, bins_from_metrics
 
 PROMPT = "prompt"
 METRICS = "metrics"
@@ -166,3 +168,53 @@ def parse_train_reply(
         raise RejectedReply(f"prompt norm {norm:.3g} exceeds the limit {max_norm:.3g}")
     report = {k: v for k, v in metrics.items() if k not in RULE_METRICS + OPTIONAL_RULE_METRICS}
     return Upload(int(client), vector, h_pre, h_post, int(num_examples), report, **own)
+
+
+# ----- what the results read besides accuracy (ours, issue 26) ------------------------------------------------
+#: Reporting metrics with a shape the server checks: the calibration bins after (``calib-*``) and before
+#: (``calib-before-*``) adaptation, and the samples and right predictions per shift domain (``domain-*``; the
+#: domains' names travel in the notes, ``domains``).
+CALIBRATION_PREFIXES = {"calib": "calibration", "calib-before": "calibration_before"}
+OUTCOME_METRICS = tuple(f"{p}-{k}" for p in CALIBRATION_PREFIXES for k in ("n", "correct", "confidence")) + (
+    "domain-n",
+    "domain-correct",
+)
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """A reply's calibration bins (None where the method gives no confidences) and ``{domain: (samples,
+    right)}`` (empty without shift domains)."""
+
+    calibration: Bins | None = None
+    calibration_before: Bins | None = None
+    domains: dict[str, tuple[int, int]] = field(default_factory=dict)
+
+
+def parse_outcome(report: Mapping, domain_names: Sequence[str], num_examples: int) -> Outcome:
+    """The checked :class:`Outcome` of a reply's reporting metrics; ``RejectedReply`` says what is malformed
+    (the results would otherwise add it up)."""
+    bins = {}
+    for prefix, name in CALIBRATION_PREFIXES.items():
+        keys = {k: f"{prefix}-{k}" for k in ("n", "correct", "confidence")}
+        present = [key for key in keys.values() if key in report]
+        if not present:
+            continue
+        try:
+            bins[name] = bins_from_metrics({k: report[key] for k, key in keys.items()}, num_examples)
+        except (KeyError, ValueError) as err:
+            raise RejectedReply(f"{prefix}-*: {err}") from None
+    domains: dict[str, tuple[int, int]] = {}
+    if "domain-n" in report or "domain-correct" in report or domain_names:
+        n, right = report.get("domain-n"), report.get("domain-correct")
+        ok = isinstance(n, list) and isinstance(right, list) and len(n) == len(right) == len(domain_names) > 0
+        counts = zip(n, right, strict=True) if ok else ()
+        ok = ok and all(isinstance(a, int) and isinstance(b, int) and 0 <= b <= a for a, b in counts)
+        ok = ok and len(set(domain_names)) == len(domain_names) and sum(n) == num_examples
+        if not ok:
+            raise RejectedReply(
+                f"domain-n={n!r}, domain-correct={right!r} do not fit the notes' domains {list(domain_names)!r} "
+                f"and {num_examples} examples"
+            )
+        domains = {d: (a, b) for d, a, b in zip(domain_names, n, right, strict=True)}
+    return Outcome(bins.get("calibration"), bins.get("calibration_before"), domains)

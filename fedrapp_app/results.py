@@ -23,6 +23,8 @@ from typing import Any
 
 import numpy as np
 
+from fedrapp_app.calibration import Bins
+
 log = logging.getLogger("fedrapp.results")
 
 _LIBRARIES = ("fedrapp", "flwr", "torch", "transformers", "numpy", "ray", "tokenizers", "datasets")
@@ -158,6 +160,8 @@ class RunRecorder:
         self.correct: dict[int, int] = defaultdict(int)
         self.correct_before: dict[int, int] = defaultdict(int)
         self.seen: dict[int, int] = defaultdict(int)
+        self.calibration: dict[str, Bins] = {}  # "calibration" / "calibration_before": the bins summed over rows
+        self.domains: dict[str, list[int]] = defaultdict(lambda: [0, 0])  # shift domain -> [samples, right]
         self.skipped: dict[int, int] = defaultdict(int)
         self.rows: list[dict[str, Any]] = []
         self.rounds = 0
@@ -186,6 +190,16 @@ class RunRecorder:
                 self.correct[r["client"]] += r["correct"]
                 self.correct_before[r["client"]] += r["correct_before"]
                 self.seen[r["client"]] += r["num_examples"]
+                self._count_outcome(r)
+
+    def _count_outcome(self, row: dict[str, Any]) -> None:
+        for name in ("calibration", "calibration_before"):
+            if name in row:
+                bins = Bins(*(np.asarray(row[name][k]) for k in ("n", "correct", "confidence")))
+                self.calibration[name] = self.calibration[name] + bins if name in self.calibration else bins
+        for domain, (n, right) in (row.get("domains") or {}).items():
+            self.domains[domain][0] += n
+            self.domains[domain][1] += right
 
     def record_round(
         self, round_number: int, rows: list[dict[str, Any]], seconds: float, timing: dict[str, float] | None = None
@@ -235,6 +249,14 @@ class RunRecorder:
             "macro_accuracy": float(np.mean(list(per_client.values()))) if per_client else float("nan"),
             "micro_accuracy_received_prompt": (sum(self.correct_before.values()) / total) if total else float("nan"),
             "per_client_accuracy": per_client,
+            # ours (issue 26): the expected calibration error of every scored prediction, after and before
+            # adaptation (None where the method gives no confidences), and the accuracy per shift domain
+            "ece": self.calibration["calibration"].ece if "calibration" in self.calibration else None,
+            "ece_before": (
+                self.calibration["calibration_before"].ece if "calibration_before" in self.calibration else None
+            ),
+            "per_domain_accuracy": {d: right / n for d, (n, right) in sorted(self.domains.items()) if n},
+            "per_domain_samples": {d: n for d, (n, _) in sorted(self.domains.items())},
             "per_client_samples": {c: self.seen[c] for c in clients},
             "per_client_skipped": {c: n for c, n in sorted(self.skipped.items()) if n},
             "samples": total,

@@ -22,6 +22,7 @@ from fedrapp_app.checkpoint import CLIENT_STATE_DIR, SERVER_FILE, ServerCheckpoi
 from fedrapp_app.config import RESUMABLE_KEYS, ConfigError, RunConfig
 from fedrapp_app.errors import describe
 from fedrapp_app.methods import find_method
+from fedrapp_app.records import OUTCOME_METRICS, Outcome
 from fedrapp_app.results import RunRecorder, unscored_samples
 from fedrapp_app.runlock import RESUME_WAIT_SECONDS, check_writable, release_on_signal, run_lock
 from fedrapp_app.strategy import ClientRow, PersonalizedPromptStrategy, RoundReport, count_nodes
@@ -59,6 +60,21 @@ def top_peers(weights: np.ndarray, k: int = MAX_ROW_PEERS) -> tuple[dict[int, fl
     return {int(j): float(weights[j]) for j in kept}, rest
 
 
+def outcome_fields(outcome: Outcome) -> dict[str, Any]:
+    """A row's calibration and shift-domain fields: ``ece`` / ``ece_before`` of the batch and the bins that add
+    up to the run's (``calibration`` / ``calibration_before``); ``domains`` ``{name: [samples, right]}`` and
+    ``domain`` (the batch's one domain, or ``"mixed"``)."""
+    out: dict[str, Any] = {}
+    for name, bins in (("calibration", outcome.calibration), ("calibration_before", outcome.calibration_before)):
+        if bins is not None:
+            out[name] = bins.as_lists()
+            out["ece" + name[len("calibration") :]] = bins.ece
+    if outcome.domains:
+        out["domains"] = {d: list(counts) for d, counts in outcome.domains.items()}
+        out["domain"] = next(iter(outcome.domains)) if len(outcome.domains) == 1 else "mixed"
+    return out
+
+
 def _row(row: ClientRow, report: RoundReport) -> dict[str, Any]:
     """One JSONL row: the client's upload and report metrics plus the rule's diagnostics for it."""
     out: dict[str, Any] = {"client": row.client_id, "node": row.node_id, "status": row.status}
@@ -81,6 +97,10 @@ def _row(row: ClientRow, report: RoundReport) -> dict[str, Any]:
     )
     out["acc"] = out["correct"] / u.num_examples
     out["acc_before"] = out["correct_before"] / u.num_examples
+    for key in OUTCOME_METRICS:
+        report_metrics.pop(key, None)
+    if row.outcome is not None:
+        out.update(outcome_fields(row.outcome))
     if u.h_own is not None:  # the own last tuned prompt on the batch (report-own-prompt)
         out["h_own"] = u.h_own
         if "correct-own" in report_metrics:

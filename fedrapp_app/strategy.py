@@ -43,9 +43,11 @@ from fedrapp_app.records import (
     OWN_PROMPT_FIELDS,
     PROBE,
     PROMPT,
+    Outcome,
     RejectedReply,
     Upload,
     flatten,
+    parse_outcome,
     parse_train_reply,
     prompt_to_record,
     record_to_prompt,
@@ -117,6 +119,7 @@ class ClientRow:
     upload: Upload | None = None
     skipped: list[str] = field(default_factory=list)  # undecodable samples of its batch ("name: reason")
     where: dict[str, str] = field(default_factory=dict)  # where the client ran: host, ray-node, device
+    outcome: Outcome | None = None  # calibration bins and per-domain counts, for the results only
 
 
 @dataclass
@@ -169,15 +172,19 @@ def no_client_started(failed: dict[int, str]) -> str:
     return "no ClientApp could start; the nodes reported:\n" + "\n".join(lines)
 
 
-def _notes(content: RecordDict) -> tuple[list[str], dict[str, str]]:
+def _notes(content: RecordDict) -> tuple[list[str], dict[str, str], list[str]]:
     """What a reply's notes say, for the results only (never read by the rule): the undecodable samples of
-    the batch, and where the client ran (``host``, ``ray-node``, ``device``)."""
+    the batch, where the client ran (``host``, ``ray-node``, ``device``) and the batch's shift domains."""
     notes = content.config_records.get(NOTES)
     if notes is None:
-        return [], {}
-    skipped = notes.get("skipped-samples")
+        return [], {}, []
+    skipped, domains = notes.get("skipped-samples"), notes.get("domains")
     where = {k: str(notes[k]) for k in ("host", "ray-node", "device") if isinstance(notes.get(k), str)}
-    return ([str(v) for v in skipped] if isinstance(skipped, list) else []), where
+    return _texts(skipped), where, _texts(domains)
+
+
+def _texts(value: object) -> list[str]:
+    return [str(v) for v in value] if isinstance(value, list) else []
 
 
 class PersonalizedPromptStrategy(Strategy):
@@ -506,7 +513,7 @@ class PersonalizedPromptStrategy(Strategy):
             return ClientRow(client, node, status, reason)
         content = reply.content
         metrics = content.metric_records.get(METRICS)
-        skipped, where = _notes(content)
+        skipped, where, domains = _notes(content)
         if metrics is not None and PROMPT not in content.array_records:
             if metrics.get("exhausted", 0) == 1:
                 self.state.exhausted[client] = True
@@ -520,12 +527,13 @@ class PersonalizedPromptStrategy(Strategy):
         self._note_position(client, metrics)
         try:
             upload = parse_train_reply(content, client, self.shapes, max_norm)
+            outcome = parse_outcome(upload.report, domains, upload.num_examples)
         except RejectedReply as err:
             log.warning("round %d: client %d (node %s): reply rejected: %s", rnd, client, node, err)
             return ClientRow(client, node, "rejected", str(err))
         if upload.report.get("remaining-batches", 1) == 0:
             self.state.exhausted[client] = True
-        return ClientRow(client, node, "ok", upload=upload, skipped=skipped, where=where)
+        return ClientRow(client, node, "ok", upload=upload, skipped=skipped, where=where, outcome=outcome)
 
     def _note_position(self, client: int, metrics: MetricRecord | None) -> None:
         """Remember where the client's stream stands (its batch was consumed even if the upload is bad)."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 from typing import Any
@@ -135,7 +136,7 @@ def permute_labels(monkeypatch, num_classes: int, seed: int) -> None:
 
     def permuted(self, position):
         batch = original(self, position)
-        return type(batch)(batch.images, permutation[batch.labels], batch.indices, batch.position)
+        return dataclasses.replace(batch, labels=permutation[batch.labels])
 
     monkeypatch.setattr(ClientStream, "batch", permuted)
 

@@ -76,7 +76,7 @@ def test_tda_on_a_two_class_toy_equals_the_hand_computed_logits():
     text = F.normalize(torch.tensor([[[1.0, 0.0], [0.0, 1.0]]]), dim=-1)  # [K=1, C=2, E=2]
     f1 = F.normalize(torch.tensor([1.0, 0.2]), dim=0)
     f2 = F.normalize(torch.tensor([0.6, 1.0]), dim=0)
-    predictions, stats = tda.predict(_ToyCLIP(), text, torch.stack([f1, f2])[:, None])  # views [B=2, V=1, E]
+    predictions, _, stats = tda.predict(_ToyCLIP(), text, torch.stack([f1, f2])[:, None])  # views [B=2, V=1, E]
 
     def entropy(logits):
         p = logits.softmax(-1)

@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from fedrapp_app.data.presets import PRESETS, resolve_preset
+from fedrapp_app.data.shift import SHIFTS
 from fedrapp_app.testbed.corruptions import DEFAULT_DOMAINS
 
 SOURCES = ("auto", "hf", "webdataset", "coop", "imagefolder", "testbed")
 PARTITIONS = ("iid", "dirichlet")
+#: A client's stream order: seeded random (the paper's), or class-correlated (classes one after the other).
+STREAM_ORDERS = ("random", "class")
 #: A testbed domain entry that means "no corruption".
 CLEAN = "clean"
 #: Four shift domains, the testbed's first four default ones (``corruptions.DEFAULT_DOMAINS``: severities
@@ -43,6 +46,22 @@ class DataSpec:
     testbed_samples: int = 5120
     testbed_domains: str = DEFAULT_TESTBED_DOMAINS  # "name:severity,..." (client i: domain i mod D); "clean"
     decode_workers: int = 4  # threads decoding a batch (0 = decode in the caller)
+    shift: str = "fixed"  # one of shift.SHIFTS: how a client's domain moves along its stream
+    shift_period: int = 4  # batches per schedule step (continual, gradual)
+    shift_rate: float = 0.0  # > 0: a step at each batch with this probability instead of every shift-period
+    shift_spread: int = 0  # domains active across clients at once (0 = all configured ones)
+    stream_order: str = "random"  # one of STREAM_ORDERS
+
+
+#: Fields that shape a client's stream but neither the source nor the partition (caches ignore them).
+STREAM_FIELDS = ("batch_size", "max_samples_per_client", "testbed_domains", "shift", "shift_period", "shift_rate",
+                 "shift_spread", "stream_order")  # fmt: skip
+
+
+def without_stream_fields(spec: DataSpec) -> DataSpec:
+    """``spec`` with every field of ``STREAM_FIELDS`` at its default (a cache key for sources and partitions)."""
+    base = DataSpec()
+    return replace(spec, **{name: getattr(base, name) for name in STREAM_FIELDS})
 
 
 #: Fields whose run-config key is not simply the field name in kebab case.
@@ -129,7 +148,7 @@ def validate_spec(spec: DataSpec) -> DataSpec:
     Returns the spec unchanged so it can be used inline: ``spec = validate_spec(DataSpec(...))``.
     """
     for name in ("dataset", "source", "data_dir", "hf_repo", "hf_split", "hf_image_column", "hf_label_column",
-                 "partition", "testbed_domains"):  # fmt: skip
+                 "partition", "testbed_domains", "shift", "stream_order"):  # fmt: skip
         if not isinstance(getattr(spec, name), str):
             raise _bad(name, getattr(spec, name), "a string")
     preset = resolve_preset(spec.dataset)
@@ -147,6 +166,13 @@ def validate_spec(spec: DataSpec) -> DataSpec:
     _check_int(spec, "max_samples_per_client", 0)
     _check_int(spec, "testbed_samples", 1)
     _check_int(spec, "decode_workers", 0)
+    _check_choice(spec, "shift", SHIFTS)
+    _check_choice(spec, "stream_order", STREAM_ORDERS)
+    _check_int(spec, "shift_period", 1)
+    _check_int(spec, "shift_spread", 0)
+    rate = spec.shift_rate
+    if isinstance(rate, bool) or not isinstance(rate, (int, float)) or not 0 <= rate < 1:
+        raise _bad("shift_rate", rate, "a number in [0, 1) (0 = a step every shift-period batches)")
     alpha = spec.dirichlet_alpha
     if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not math.isfinite(alpha) or alpha <= 0:
         raise _bad("dirichlet_alpha", alpha, "a finite number > 0 (0.1 = strong label skew, 0.5 = moderate)")
@@ -154,7 +180,32 @@ def validate_spec(spec: DataSpec) -> DataSpec:
     _check_source_fits(spec, preset.name)
     if preset.name == "testbed":
         check_domains(domains)
+    _check_schedule(spec, preset.name, domains)
     return spec
+
+
+def _check_schedule(spec: DataSpec, dataset: str, domains: tuple) -> None:
+    """A shift schedule needs domains to move through, a spread they can fill and a period shorter than a stream."""
+    if spec.shift == "fixed":
+        return
+    if dataset != "testbed":
+        raise _bad("shift", spec.shift, f"'fixed' for dataset={dataset!r}: schedules move through the testbed's "
+                   "corruption domains (dataset='testbed')")  # fmt: skip
+    if not domains:
+        raise _bad("shift", spec.shift, "'fixed' without shift domains, or testbed-domains listing the domains "
+                   "to move through (e.g. 'blur:2,contrast:2,color_cast:2')")  # fmt: skip
+    count = len({d[0] for d in domains if d is not None}) if spec.shift == "gradual" else len(domains)
+    if spec.shift_spread > count:
+        what = "corruption families" if spec.shift == "gradual" else "domains"
+        raise _bad("shift_spread", spec.shift_spread, f"at most the {count} {what} of testbed-domains (0 = all)")
+    per_client = spec.testbed_samples // spec.num_clients
+    if spec.max_samples_per_client:
+        per_client = min(per_client, spec.max_samples_per_client)
+    batches = -(-per_client // spec.batch_size)
+    if spec.shift in ("continual", "gradual") and spec.shift_rate == 0 and spec.shift_period >= batches:
+        raise _bad("shift_period", spec.shift_period, f"fewer batches than a client's stream (about {batches} "
+                   f"batches of {spec.batch_size}): no client would ever switch (fix: -c \"shift-period="
+                   f"{max(1, batches // 4)}\")")  # fmt: skip
 
 
 def _check_source_fits(spec: DataSpec, dataset: str) -> None:

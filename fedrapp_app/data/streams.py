@@ -3,7 +3,8 @@
 The stream position (the index of the next batch) is all a client needs to resume: ``batch(position)`` is a
 pure function of (spec, client id, position). On the testbed a client also has a shift domain: with D
 domains configured, client ``i`` gets domain ``i mod D`` (``client_domains`` exposes the whole map, e.g.
-for a domain-oracle reference).
+for a domain-oracle reference), or, with a ``shift`` schedule, a domain that moves along its stream
+(``data/shift.py``). ``stream-order='class'`` orders a stream class after class instead of at random.
 """
 
 from __future__ import annotations
@@ -21,9 +22,10 @@ from fedrapp_app.data.loader import Undecodable
 from fedrapp_app.data.partition import cached_partition_indices, partition_cache_dir
 from fedrapp_app.data.prefetch import PREFETCHER
 from fedrapp_app.data.presets import get_preset
+from fedrapp_app.data.shift import Domain, ShiftPlan, class_order
 from fedrapp_app.data.sources import Source, cached_source, clear_source_cache
-from fedrapp_app.data.sources.testbed import Domain, TestbedSource
-from fedrapp_app.data.spec import DataSpec, domain_label, parse_domains, validate_spec
+from fedrapp_app.data.sources.testbed import TestbedSource
+from fedrapp_app.data.spec import DataSpec, domain_label, parse_domains, validate_spec, without_stream_fields
 
 _STREAM_ORDER = 201  # SeedSequence key of the stream orders (distinct from the testbed pool's keys)
 _STREAM_TOKENS = itertools.count()
@@ -40,6 +42,7 @@ class StreamBatch:
     indices : int64 [B], the samples' positions in the source.
     position : the batch's position in the stream (0-based).
     skipped : the samples of this batch that could not be decoded (dropped from the arrays above).
+    domains : the shift domain of every image (``"blur:2"``, ``"clean"``); empty without domains.
     """
 
     images: list[Image.Image]
@@ -47,6 +50,7 @@ class StreamBatch:
     indices: np.ndarray
     position: int
     skipped: tuple[Undecodable, ...] = ()
+    domains: tuple[str, ...] = ()
 
 
 class ClientStream:
@@ -55,25 +59,24 @@ class ClientStream:
     Attributes
     ----------
     client_id : the client's index in 0..num-clients-1.
-    domain : the client's testbed shift domain (``"blur:2"``, ``"clean"``), or None without domains.
+    domain : the client's testbed shift domain (``"blur:2"``, ``"clean"``) when it is one for the whole stream
+        (``shift='fixed'``), else None (no domains, or a schedule: ``domains_at`` then says).
     order : int64 [num_samples], source positions in stream order.
     """
 
     def __init__(
-        self,
-        source: Source,
-        order: np.ndarray,
-        batch_size: int,
-        client_id: int,
-        domain: Domain | None = None,
-        domain_name: str | None = None,
+        self, source: Source, order: np.ndarray, batch_size: int, client_id: int, plan: ShiftPlan | None = None
     ) -> None:
         self.source = source
         self.order = np.asarray(order, dtype=np.int64)
         self.batch_size = batch_size
         self.client_id = client_id
-        self.domain = domain_name
-        self._domain = domain
+        self.plan = plan if plan is not None and plan.domains else None
+        fixed = self.plan is not None and self.plan.shift == "fixed"
+        self.domain = domain_label(self.plan.domain(client_id, 0)) if fixed else None
+        if self.plan is not None and self.plan.shift == "mixed":
+            self._mixed = self.plan.sample_domains(client_id, self.num_samples)
+        self._steps = self.plan.steps(self.num_batches) if self.plan is not None else None
         self._token = next(_STREAM_TOKENS)  # names this stream's batches in the process's prefetcher
 
     @property
@@ -111,13 +114,28 @@ class ClientStream:
         start = int(position) * self.batch_size
         return self.order[start : start + self.batch_size]
 
+    def domains_at(self, position: int) -> list[Domain | None] | None:
+        """The shift domain of every sample of batch ``position`` (None = clean), or None without domains."""
+        indices = self.indices_at(position)
+        if self.plan is None:
+            return None
+        if self.plan.shift == "mixed":
+            start = int(position) * self.batch_size
+            return [self.plan.domains[k] for k in self._mixed[start : start + len(indices)]]
+        return [self.plan.domain(self.client_id, int(self._steps[position]))] * len(indices)
+
     def _load(self, position: int) -> StreamBatch:
         indices = self.indices_at(position)
-        if self._domain is not None:
-            assert isinstance(self.source, TestbedSource)
-            loaded = self.source.load(indices, self._domain)
-        else:
+        domains = self.domains_at(position)
+        if domains is None:
             loaded = self.source.load(indices)
+        else:
+            assert isinstance(self.source, TestbedSource)
+            loaded = [None] * len(indices)
+            for domain in dict.fromkeys(domains):  # one render per domain present, back in stream order
+                where = [k for k, d in enumerate(domains) if d == domain]
+                for k, item in zip(where, self.source.load(indices[where], domain), strict=True):
+                    loaded[k] = item
         keep = np.array([not isinstance(item, Undecodable) for item in loaded], dtype=bool)
         kept = indices[keep]
         return StreamBatch(
@@ -126,6 +144,7 @@ class ClientStream:
             kept.copy(),
             int(position),
             tuple(item for item in loaded if isinstance(item, Undecodable)),
+            tuple(domain_label(d) for d, k in zip(domains, keep, strict=True) if k) if domains is not None else (),
         )
 
     def batch(self, position: int) -> StreamBatch:
@@ -155,15 +174,27 @@ class ClientStream:
 
 
 def client_domains(spec: DataSpec) -> list[str | None]:
-    """The shift domain of every client (``i mod D`` over the configured domains); all None without domains.
+    """The shift domain of every client (``i mod D`` over the configured domains); all None without domains or
+    with a shift schedule (a client's domain then moves: ``ClientStream.domains_at``).
 
     This is the map a domain-oracle reference groups clients by; labels play no part in it.
     """
     validate_spec(spec)
     domains = parse_domains(spec.testbed_domains) if get_preset(spec.dataset).name == "testbed" else ()
-    if not domains:
+    if not domains or spec.shift != "fixed":
         return [None] * spec.num_clients
     return [domain_label(domains[i % len(domains)]) for i in range(spec.num_clients)]
+
+
+def shift_plan(spec: DataSpec) -> ShiftPlan | None:
+    """The spec's shift schedule over its testbed domains; None without domains (no corruption)."""
+    domains = parse_domains(spec.testbed_domains) if get_preset(spec.dataset).name == "testbed" else ()
+    if not domains:
+        return None
+    from fedrapp_app.testbed.corruptions import MAX_SEVERITY
+
+    return ShiftPlan(spec.shift, domains, spec.shift_period, float(spec.shift_rate), spec.shift_spread, spec.seed,
+                     MAX_SEVERITY)  # fmt: skip
 
 
 _PARTITIONS: OrderedDict[DataSpec, list[np.ndarray]] = OrderedDict()
@@ -173,9 +204,7 @@ _STREAMS_LOCK = threading.Lock()
 
 
 def _partition_key(spec: DataSpec) -> DataSpec:
-    base = DataSpec()
-    return replace(spec, batch_size=base.batch_size, max_samples_per_client=base.max_samples_per_client,
-                   testbed_domains=base.testbed_domains, decode_workers=base.decode_workers)  # fmt: skip
+    return replace(without_stream_fields(spec), decode_workers=DataSpec().decode_workers)
 
 
 def client_partitions(spec: DataSpec) -> list[np.ndarray]:
@@ -204,8 +233,11 @@ def clear_caches() -> None:
         _STREAMS.clear()
 
 
-def stream_order(partition: np.ndarray, seed: int, client_id: int) -> np.ndarray:
-    """A client's partition in its stream order, seeded by (seed, client id)."""
+def stream_order(partition: np.ndarray, seed: int, client_id: int, labels: np.ndarray | None = None) -> np.ndarray:
+    """A client's partition in its stream order, seeded by (seed, client id): at random, or, given the source's
+    ``labels`` (int [N]), class after class (``stream-order='class'``, ``shift.class_order``)."""
+    if labels is not None:
+        return partition[class_order(np.asarray(labels)[partition], seed, client_id, _STREAM_ORDER)]
     rng = np.random.default_rng(np.random.SeedSequence([seed, _STREAM_ORDER, client_id]))
     return partition[rng.permutation(len(partition))]
 
@@ -239,11 +271,9 @@ def build_client_stream(spec: DataSpec, client_id: int) -> ClientStream:
 
 
 def _new_stream(spec: DataSpec, client_id: int) -> ClientStream:
-    domains = parse_domains(spec.testbed_domains) if get_preset(spec.dataset).name == "testbed" else ()
     source = cached_source(spec)
-    order = stream_order(client_partitions(spec)[client_id], spec.seed, client_id)
+    labels = source.labels() if spec.stream_order == "class" else None
+    order = stream_order(client_partitions(spec)[client_id], spec.seed, client_id, labels)
     if spec.max_samples_per_client:
         order = order[: spec.max_samples_per_client]
-    domain = domains[client_id % len(domains)] if domains else None
-    name = domain_label(domain) if domains else None
-    return ClientStream(source, order, spec.batch_size, client_id, domain, name)
+    return ClientStream(source, order, spec.batch_size, client_id, shift_plan(spec))

@@ -31,6 +31,9 @@ class Adaptation:
     h_pre: float  # mean prediction entropy on the batch, received prompt
     h_post: float  # the same after adaptation
     stats: dict[str, float] = field(default_factory=dict)  # method diagnostics
+    # The predictions' confidences, for calibration (ECE); None where a method does not give them:
+    confidence: Tensor | None = None  # [B] float: the online prediction's probability (its top softmax value)
+    confidence_before: Tensor | None = None  # [B] float: the same for the received prompt's prediction
     # With ``own_prompt`` on (ours): the client's own last tuned prompt P~(t-1) scored on this batch, before
     # adaptation. None in its first round (no own prompt yet) and when off.
     h_own: float | None = None  # mean prediction entropy of the own prompt (what FedRAPP's trust option reads)
@@ -83,6 +86,11 @@ def entropy(logits: Tensor) -> Tensor:
     """Prediction entropy of softmax(logits) along the last axis: Tensor[..., C] -> Tensor[...]."""
     log_probs = logits.float().log_softmax(-1)
     return -(log_probs.exp() * log_probs).sum(-1)
+
+
+def top_probability(logits: Tensor) -> Tensor:
+    """The predicted class's probability under softmax(logits): Tensor[B, C] -> Tensor[B] float32 on the cpu."""
+    return logits.detach().float().softmax(-1).amax(-1).cpu()
 
 
 def mean_entropy(logits: Tensor) -> float:

@@ -51,12 +51,12 @@ class Stacked(LocalMethod):
             text = pclip.constant_text_features(adaptation.prompt)
         features = adaptation.features
         views = self.head.views(pclip, pixel_values, generator, originals=features)  # [B, V, E]
-        predictions, stats = self.head.predict(pclip, text.detach().to(pclip.device), views)
+        predictions, confidence, stats = self.head.predict(pclip, text.detach().to(pclip.device), views)
         changed = float((predictions != adaptation.predictions).float().mean())
         head = self._prefix[:-1]
         adaptation.stats.update({f"{head}_{key}": value for key, value in stats.items()})
         adaptation.stats[f"{head}_changed"] = changed  # share of the batch whose prediction the head changed
-        return dataclasses.replace(adaptation, predictions=predictions)
+        return dataclasses.replace(adaptation, predictions=predictions, confidence=confidence)
 
     def state_dict(self) -> dict[str, np.ndarray]:
         head = {self._prefix + key: value for key, value in self.head.state_dict().items()}

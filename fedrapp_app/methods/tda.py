@@ -141,13 +141,13 @@ class TDA(TrainingFree):
         clip_logits = logits.mean(1)
         return views.mean(1), clip_logits, loss, logits.softmax(-1).mean(1), clip_logits.argmax(-1)
 
-    def predict(self, pclip: PromptedCLIP, text: Tensor, views: Tensor) -> tuple[Tensor, dict[str, float]]:
+    def predict(self, pclip: PromptedCLIP, text: Tensor, views: Tensor) -> tuple[Tensor, Tensor, dict[str, float]]:
         p = self.params
         features, clip_logits, losses, maps, labels = (
             t.float().cpu() for t in self.image_summaries(pclip, text, views)
         )
         num_classes = clip_logits.shape[-1]
-        predictions, negatives = [], 0
+        predictions, confidence, negatives = [], [], 0
         for b in range(features.shape[0]):
             label, loss = int(labels[b]), float(losses[b])
             self.positive.update(label, features[b], loss)
@@ -165,9 +165,10 @@ class TDA(TrainingFree):
                 mask = ((stored > p.neg_mask_low) & (stored < p.neg_mask_high)).float()
                 logits -= cache_logits(features[b], keys, mask, p.neg_alpha, p.neg_beta)
             predictions.append(logits.argmax())
+            confidence.append(logits.softmax(-1).max())
         stats = {"positive_cache": float(len(self.positive)), "negative_cache": float(len(self.negative)),
                  "negative_updates": float(negatives)}  # fmt: skip
-        return torch.stack(predictions), stats
+        return torch.stack(predictions), torch.stack(confidence), stats
 
     def state_dict(self) -> dict[str, np.ndarray]:
         return self.positive.state_arrays(self._POS) | self.negative.state_arrays(self._NEG)

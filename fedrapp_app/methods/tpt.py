@@ -40,6 +40,7 @@ from fedrapp_app.methods.base import (
     initial_context,
     load_adamw_state,
     mean_entropy,
+    top_probability,
     with_own_score,
 )
 from fedrapp_app.methods.params import TPTParams
@@ -107,6 +108,8 @@ class TPT(LocalMethod):
             prompt=detached([tuned.mean(0)]),
             predictions=after.argmax(-1).cpu(),
             predictions_before=before.argmax(-1).cpu(),
+            confidence=top_probability(after),
+            confidence_before=top_probability(before),
             h_pre=mean_entropy(before),
             h_post=mean_entropy(after),
             stats={
@@ -198,6 +201,8 @@ class TPTOnline(TPT):
             prompt=detached([context]),
             predictions=after_logits.argmax(-1).cpu(),
             predictions_before=before.argmax(-1).cpu(),
+            confidence=top_probability(after_logits),
+            confidence_before=top_probability(before),
             h_pre=mean_entropy(before),
             h_post=mean_entropy(after_logits),
             stats={

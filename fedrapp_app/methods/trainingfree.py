@@ -19,7 +19,14 @@ import torch
 from torch import Tensor
 
 from fedrapp_app.engine.prompts import PromptedCLIP
-from fedrapp_app.methods.base import Adaptation, LocalMethod, batch_marginal_entropy, check_prompt, mean_entropy
+from fedrapp_app.methods.base import (
+    Adaptation,
+    LocalMethod,
+    batch_marginal_entropy,
+    check_prompt,
+    mean_entropy,
+    top_probability,
+)
 from fedrapp_app.methods.views import view_features
 
 
@@ -55,9 +62,10 @@ class TrainingFree(LocalMethod):
         )  # fmt: skip
 
     @abstractmethod
-    def predict(self, pclip: PromptedCLIP, text: Tensor, views: Tensor) -> tuple[Tensor, dict[str, float]]:
+    def predict(self, pclip: PromptedCLIP, text: Tensor, views: Tensor) -> tuple[Tensor, Tensor, dict[str, float]]:
         """Predict a batch: class features Tensor[K, C, E], view features Tensor[B, V, E] (row 0 the
-        original) -> (predictions Tensor[B] long on the cpu, diagnostics). May update the method's state."""
+        original) -> (predictions Tensor[B] long, their confidences Tensor[B] float in [0, 1], both on the cpu;
+        diagnostics). May update the method's state."""
 
     def adapt(
         self, pclip: PromptedCLIP, prompt: Sequence[Tensor], pixel_values: Tensor, generator: torch.Generator
@@ -66,12 +74,14 @@ class TrainingFree(LocalMethod):
         text = classifier_features(pclip, self.params.classifier, received)  # [K, C, E]
         views = self.views(pclip, pixel_values, generator)  # [B, V, E]
         before = pclip.logits(views[:, 0], text)  # [B, C]: the classifier alone on the original views
-        predictions, stats = self.predict(pclip, text, views)
+        predictions, confidence, stats = self.predict(pclip, text, views)
         h = mean_entropy(before)
         adaptation = Adaptation(
             prompt=received,
             predictions=predictions,
             predictions_before=before.argmax(-1).cpu(),
+            confidence=confidence,
+            confidence_before=top_probability(before),
             h_pre=h,
             h_post=h,
             stats={"updated": 0.0, **stats},

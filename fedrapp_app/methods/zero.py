@@ -59,9 +59,16 @@ class Zero(TrainingFree):
     def __init__(self, params: ZeroParams | None = None) -> None:
         self.params = params or ZeroParams()
 
-    def predict(self, pclip: PromptedCLIP, text: Tensor, views: Tensor) -> tuple[Tensor, dict[str, float]]:
+    def predict(self, pclip: PromptedCLIP, text: Tensor, views: Tensor) -> tuple[Tensor, Tensor, dict[str, float]]:
+        """The confidence of a prediction is its share of the confident views' votes (ZERO's zero-temperature
+        softmax, averaged over the views it keeps)."""
         keep = self.params.views_kept
         logits = pclip.logits(views.flatten(0, 1), text).unflatten(0, views.shape[:2]).cpu()  # [B, V, C]
         decided = [zero_prediction(image, keep) for image in logits]
         predictions = torch.tensor([label for label, _ in decided], dtype=torch.long)
-        return predictions, {"vote_share": float(sum(votes for _, votes in decided)) / (keep * len(decided))}
+        confidence = torch.tensor([votes / keep for _, votes in decided], dtype=torch.float32)
+        return (
+            predictions,
+            confidence,
+            {"vote_share": float(sum(votes for _, votes in decided)) / (keep * len(decided))},
+        )

@@ -16,7 +16,14 @@ import torch
 from torch import Tensor
 
 from fedrapp_app.engine.prompts import PromptedCLIP
-from fedrapp_app.methods.base import Adaptation, LocalMethod, batch_marginal_entropy, check_prompt, mean_entropy
+from fedrapp_app.methods.base import (
+    Adaptation,
+    LocalMethod,
+    batch_marginal_entropy,
+    check_prompt,
+    mean_entropy,
+    top_probability,
+)
 from fedrapp_app.methods.params import EnsembleParams, ZeroShotParams
 
 
@@ -42,6 +49,7 @@ class ZeroShot(LocalMethod):
         predictions = logits.argmax(-1).cpu()
         h = mean_entropy(logits)
         adaptation = Adaptation(received, predictions, predictions.clone(), h, h, {"updated": 0.0})
+        adaptation.confidence = adaptation.confidence_before = top_probability(logits)
         if self.params.own_prompt:  # whichever prompt the client kept, zero-shot predicts the same
             adaptation.h_own, adaptation.predictions_own = h, predictions.clone()
             adaptation.hm_pre = adaptation.hm_own = batch_marginal_entropy(logits)

@@ -14,7 +14,7 @@ from fedrapp_app.data.sources.files import coop_folder, coop_root, image_folder,
 from fedrapp_app.data.sources.hf import HuggingFaceSource, has_table_files, is_saved_dataset
 from fedrapp_app.data.sources.testbed import TestbedSource
 from fedrapp_app.data.sources.webdataset import WebDatasetSource, fetch_webdataset, is_webdataset
-from fedrapp_app.data.spec import DataSpec, validate_spec
+from fedrapp_app.data.spec import DataSpec, validate_spec, without_stream_fields
 
 __all__ = [
     "ClassSubset",
@@ -127,10 +127,9 @@ def _source_key(spec: DataSpec) -> DataSpec:
     """The spec with every field that does not change the source reset, so those specs share a cache entry."""
     base = DataSpec()
     key = replace(
-        spec,
+        without_stream_fields(spec),
         num_clients=base.num_clients, partition=base.partition, dirichlet_alpha=base.dirichlet_alpha,
-        min_partition_size=base.min_partition_size, batch_size=base.batch_size,
-        max_samples_per_client=base.max_samples_per_client, testbed_domains=base.testbed_domains,
+        min_partition_size=base.min_partition_size,
     )  # fmt: skip
     if get_preset(spec.dataset).name != "testbed":
         key = replace(key, seed=base.seed, testbed_samples=base.testbed_samples)

@@ -1,0 +1,270 @@
+"""Shift schedules and class-correlated streams (ours, issue 26), and the calibration error in the results."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+from flwr.app import MetricRecord
+
+from fedrapp_app.calibration import bins_from_metrics, calibration_bins, empty_bins
+from fedrapp_app.client import app as client_app
+from fedrapp_app.config import ConfigError, RunConfig
+from fedrapp_app.data import DataSpec, build_client_stream, clear_caches, client_domains, client_partitions
+from fedrapp_app.data.shift import ShiftPlan, class_order
+from fedrapp_app.data.sources import cached_source
+from fedrapp_app.data.spec import parse_domains
+from fedrapp_app.data.streams import stream_order
+from fedrapp_app.records import METRICS, RejectedReply, parse_outcome
+from fedrapp_app.testbed import world
+from fedrapp_app.testbed.tiny import make_tiny_clip
+
+from federation import read_rows, reply_with, run_federation, small_run
+
+DOMAINS = (("blur", 2), ("contrast", 2), None)  # "blur:2,contrast:2,clean"
+
+
+@pytest.fixture(autouse=True)
+def _fresh_caches():
+    clear_caches()
+    yield
+    clear_caches()
+
+
+def small(**overrides) -> DataSpec:
+    values = dict(num_clients=4, testbed_samples=160, batch_size=8, min_partition_size=4, decode_workers=0,
+                  testbed_domains="blur:2,contrast:2,clean")  # fmt: skip
+    return DataSpec(**{**values, **overrides})
+
+
+# ----- the schedules ------------------------------------------------------------------------------------------
+def test_a_continual_client_steps_through_the_domains_in_turn_every_period():
+    plan = ShiftPlan("continual", DOMAINS, period=3)
+    steps = plan.steps(12)
+    assert steps.tolist() == [0, 0, 0, 1, 1, 1, 2, 2, 2, 3, 3, 3]
+    for client in range(5):
+        seen = [plan.domain(client, int(s)) for s in steps]
+        start = client % 3
+        assert seen == [DOMAINS[(start + p // 3) % 3] for p in range(12)]
+
+
+@pytest.mark.parametrize("spread", [1, 2, 3])
+def test_the_spread_is_how_many_domains_are_active_across_clients_at_every_batch(spread):
+    plan = ShiftPlan("continual", DOMAINS, period=2, spread=spread)
+    for step in plan.steps(10):
+        assert len({plan.domain(client, int(step)) for client in range(6)}) == spread
+
+
+def test_random_switch_times_are_seeded_shared_and_one_step_at_a_time():
+    plan = ShiftPlan("continual", DOMAINS, rate=0.3, seed=5)
+    steps = plan.steps(200)
+    assert steps[0] == 0 and set(np.diff(steps).tolist()) == {0, 1}
+    assert 0.2 < steps[-1] / 199 < 0.4  # about the rate
+    assert np.array_equal(steps, ShiftPlan("continual", DOMAINS, rate=0.3, seed=5).steps(200))
+    assert np.array_equal(steps[:50], plan.steps(50))  # a position's step does not depend on the stream length
+    assert not np.array_equal(steps, ShiftPlan("continual", DOMAINS, rate=0.3, seed=6).steps(200))
+
+
+def test_a_gradual_client_raises_and_lowers_the_severity_then_moves_to_the_next_family():
+    plan = ShiftPlan("gradual", DOMAINS, period=1, max_severity=3)
+    seen = [plan.domain(0, step) for step in range(11)]
+    assert seen == [("blur", 1), ("blur", 2), ("blur", 3), ("blur", 2), ("blur", 1),
+                    ("contrast", 1), ("contrast", 2), ("contrast", 3), ("contrast", 2), ("contrast", 1),
+                    ("blur", 1)]  # fmt: skip
+    assert plan.domain(1, 0) == ("contrast", 1)  # client 1 starts at the second family
+
+
+def test_a_mixed_stream_draws_every_samples_domain_seeded_by_client():
+    plan = ShiftPlan("mixed", DOMAINS, seed=3)
+    draws = plan.sample_domains(0, 3000)
+    assert np.array_equal(draws, plan.sample_domains(0, 3000))
+    assert not np.array_equal(draws, plan.sample_domains(1, 3000))
+    assert np.allclose(np.bincount(draws, minlength=3) / 3000, 1 / 3, atol=0.04)
+
+
+def test_class_order_puts_the_classes_one_after_the_other():
+    labels = np.random.default_rng(0).integers(0, 5, size=200)
+    order = class_order(labels, seed=1, client=2, key=201)
+    assert sorted(order.tolist()) == list(range(200))
+    ordered = labels[order]
+    assert int((np.diff(ordered) != 0).sum()) == len(np.unique(labels)) - 1  # one block per class
+    assert np.array_equal(order, class_order(labels, seed=1, client=2, key=201))
+
+
+# ----- the streams --------------------------------------------------------------------------------------------
+def test_the_fixed_schedule_is_the_papers_stream_bit_for_bit():
+    """shift='fixed' with a random order: client i's order and images are what they were before schedules
+    existed (the seeded permutation of its partition; every image corrupted by domain i mod D)."""
+    spec = small()
+    source = cached_source(spec)
+    for client in range(spec.num_clients):
+        stream = build_client_stream(spec, client)
+        rng = np.random.default_rng(np.random.SeedSequence([spec.seed, 201, client]))
+        partition = client_partitions(spec)[client]
+        assert np.array_equal(stream.order, partition[rng.permutation(len(partition))])
+        domain = DOMAINS[client % 3]
+        for position in range(stream.num_batches):
+            batch = stream.batch(position)
+            expected = source.load(stream.indices_at(position), domain)
+            assert [np.asarray(a).tobytes() for a in batch.images] == [np.asarray(b).tobytes() for b in expected]
+            assert batch.domains == (client_domains(spec)[client],) * len(batch.labels)
+
+
+@pytest.mark.parametrize("shift", ["continual", "gradual", "mixed"])
+def test_a_scheduled_stream_renders_each_sample_in_its_domain_and_is_the_same_after_a_restart(shift):
+    spec = small(shift=shift, shift_period=1)
+    stream = build_client_stream(spec, 1)
+    source = cached_source(spec)
+    first = [stream.batch(p) for p in range(stream.num_batches)]
+    seen = set()
+    for position, batch in enumerate(first):
+        domains = stream.domains_at(position)
+        seen.update(domains)
+        assert batch.domains == tuple("clean" if d is None else f"{d[0]}:{d[1]}" for d in domains)
+        for image, index, domain in zip(batch.images, batch.indices, domains, strict=True):
+            assert np.array_equal(np.asarray(image), source.render([index], domain)[0])
+    assert len(seen) > 1  # the domain moved
+    clear_caches()  # a new client process: the same stream again
+    again = build_client_stream(spec, 1)
+    for position, batch in enumerate(first):
+        later = again.batch(position)
+        assert np.array_equal(later.indices, batch.indices) and later.domains == batch.domains
+        assert all(
+            np.array_equal(np.asarray(a), np.asarray(b)) for a, b in zip(later.images, batch.images, strict=True)
+        )
+
+
+def test_a_class_ordered_stream_is_the_same_partition_class_after_class():
+    spec = small(stream_order="class", partition="iid")
+    labels = cached_source(spec).labels()
+    for client in range(spec.num_clients):
+        stream = build_client_stream(spec, client)
+        assert sorted(stream.order.tolist()) == client_partitions(spec)[client].tolist()
+        ordered = labels[stream.order]
+        assert int((np.diff(ordered) != 0).sum()) == len(np.unique(ordered)) - 1
+    assert np.array_equal(build_client_stream(spec, 0).order, stream_order(client_partitions(spec)[0], 0, 0, labels))
+
+
+def test_a_schedule_has_no_domain_per_client():
+    assert client_domains(small()) == ["blur:2", "contrast:2", "clean", "blur:2"]
+    assert client_domains(small(shift="continual", shift_period=1)) == [None] * 4
+
+
+# ----- bad input ----------------------------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("overrides", "key", "hint"),
+    [
+        ({"shift": "sometimes"}, "shift", "one of 'fixed'"),
+        ({"shift": "continual", "testbed-domains": "fog:2"}, "testbed-domains", "unknown corruption 'fog'"),
+        ({"shift": "continual", "testbed-domains": "blur:6"}, "testbed-domains", "outside 1..3"),
+        ({"shift": "continual", "testbed-domains": "clean"}, "shift", "testbed-domains listing the domains"),
+        ({"shift": "continual", "shift-period": 10}, "shift-period", "no client would ever switch"),
+        ({"shift": "continual", "shift-rate": 1.0}, "shift-rate", "[0, 1)"),
+        ({"shift": "continual", "shift-rate": -0.1}, "shift-rate", ">= 0"),
+        ({"shift": "continual", "shift-spread": 5}, "shift-spread", "at most the 4 domains"),
+        (
+            {"shift": "gradual", "shift-spread": 3, "testbed-domains": "blur:1,blur:2,clean"},
+            "shift-spread",
+            "at most the 1",
+        ),
+        ({"stream-order": "sorted"}, "stream-order", "one of 'random', 'class'"),
+        ({"shift": "mixed", "strategy": "domain-oracle"}, "domain-oracle", "shift='fixed'"),
+        (
+            {"shift": "mixed", "dataset": "dtd", "data-dir": "/nowhere", "model": "openai/clip-vit-base-patch16"},
+            "shift",
+            "dataset='testbed'",
+        ),
+    ],
+)
+def test_a_bad_schedule_is_refused_before_anything_loads(overrides, key, hint):
+    sizes = {"num-clients": 8, "testbed-samples": 512, "batch-size": 64}  # one batch a client: period 10 is too long
+    with pytest.raises(ConfigError) as err:
+        RunConfig.from_run_config({**sizes, **overrides})
+    assert key in str(err.value) and hint in str(err.value), str(err.value)
+
+
+# ----- calibration --------------------------------------------------------------------------------------------
+def test_the_calibration_error_is_the_hand_computed_one():
+    confidence = np.array([0.95, 0.9, 0.55, 0.52, 0.2, 1.0])
+    correct = np.array([True, False, True, False, False, True])
+    bins = calibration_bins(confidence, correct, bins=5)  # (0, .2], (.2, .4], (.4, .6], (.6, .8], (.8, 1]
+    assert bins.n.tolist() == [1, 0, 2, 0, 3] and bins.correct.tolist() == [0, 0, 1, 0, 2]
+    # |0 - 0.2| + |1 - 1.07| + |2 - 2.85| = 0.2 + 0.07 + 0.85 over 6 predictions
+    assert bins.ece == pytest.approx((0.2 + 0.07 + 0.85) / 6)
+    halves = calibration_bins(confidence[:3], correct[:3], 5) + calibration_bins(confidence[3:], correct[3:], 5)
+    assert halves.ece == pytest.approx(bins.ece)  # bins add up over batches: a run's ECE is exact
+    assert empty_bins().ece is None
+
+
+def test_bad_calibration_bins_and_domain_counts_are_refused():
+    good = calibration_bins(np.array([0.5, 0.9]), np.array([True, False])).as_lists()
+    assert bins_from_metrics(good, 2).ece == pytest.approx((abs(1 - 0.5) + abs(0 - 0.9)) / 2)
+    for bad, count in [({**good, "n": good["n"][:-1]}, 2), (good, 3), ({**good, "correct": [2] * 15}, 2),
+                       ({**good, "confidence": [float("nan")] * 15}, 2)]:  # fmt: skip
+        with pytest.raises(ValueError, match="calibration bins"):
+            bins_from_metrics(bad, count)
+    report = {f"calib-{k}": v for k, v in good.items()}
+    assert parse_outcome(report, [], 2).calibration is not None
+    with pytest.raises(RejectedReply, match="calib-"):
+        parse_outcome({"calib-n": good["n"]}, [], 2)
+    assert parse_outcome({"domain-n": [1, 1], "domain-correct": [1, 0]}, ["blur:1", "clean"], 2).domains == {
+        "blur:1": (1, 1),
+        "clean": (1, 0),
+    }
+    for n, right, names in [([2], [3], ["blur:1"]), ([1, 1], [0, 0], ["blur:1"]), ([1], [0], ["blur:1"])]:
+        with pytest.raises(RejectedReply, match="domain-n"):
+            parse_outcome({"domain-n": n, "domain-correct": right}, names, 2)
+
+
+def test_parse_domains_reads_what_the_schedules_move_through():
+    assert parse_domains("blur:2,contrast:2,clean") == DOMAINS
+    plan = dataclasses.replace(ShiftPlan("continual", DOMAINS), spread=2)
+    assert plan.active == 2
+
+
+# ----- a federation on a schedule -----------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def testbed_tiny(tmp_path_factory):
+    return make_tiny_clip(tmp_path_factory.mktemp("tiny_shift"), world.CLASSNAMES)
+
+
+@pytest.mark.parametrize("shift", ["continual", "mixed"])
+def test_a_run_on_a_schedule_reports_each_batchs_domains_and_the_calibration_error(testbed_tiny, tmp_path, shift):
+    config = small_run(testbed_tiny, tmp_path, shift=shift, **{"shift-period": 1, "local-method": "tda"})
+    summary, _, _ = run_federation(config)
+    rows = read_rows(tmp_path / "run")
+    assert all(r["status"] == "ok" for r in rows)
+    for row in rows:
+        assert sum(n for n, _ in row["domains"].values()) == row["num_examples"]
+        assert sum(right for _, right in row["domains"].values()) == row["correct"]
+        assert sum(row["calibration"]["n"]) == row["num_examples"] and 0 <= row["ece"] <= 1
+    if shift == "continual":  # one domain a batch, moving every round
+        assert all(len(r["domains"]) == 1 and r["domain"] in r["domains"] for r in rows)
+        assert len({r["domain"] for r in rows if r["client"] == 0}) == 3
+    else:
+        assert any(r["domain"] == "mixed" for r in rows)
+    assert sum(summary["per_domain_samples"].values()) == summary["samples"]  # every sample in one domain
+    right = sum(acc * summary["per_domain_samples"][d] for d, acc in summary["per_domain_accuracy"].items())
+    assert right == pytest.approx(summary["micro_accuracy"] * summary["samples"])
+    pooled = sum((bins_from_metrics(r["calibration"], r["num_examples"]) for r in rows), empty_bins())
+    assert summary["ece"] == pytest.approx(pooled.ece) and summary["ece_before"] is not None
+
+
+def test_a_reply_whose_domain_counts_do_not_add_up_is_rejected_and_the_round_goes_on(testbed_tiny, tmp_path):
+    def tampering(message, context):
+        reply = client_app(message, context)
+        if message.metadata.message_type == "train" and int(message.metadata.group_id) == 2:
+            content = reply.content
+            metrics = dict(content.metric_records[METRICS])
+            if metrics.get("client-id") == 1:
+                metrics["domain-n"] = [n + 1 for n in metrics["domain-n"]]
+                content[METRICS] = MetricRecord(metrics)
+                return reply_with(message, content)
+        return reply
+
+    summary, _, _ = run_federation(small_run(testbed_tiny, tmp_path), app=tampering)
+    rows = read_rows(tmp_path / "run")
+    bad = [r for r in rows if r["round"] == 2 and r["client"] == 1]
+    assert bad[0]["status"] == "rejected" and "domain-n" in bad[0]["reason"]
+    assert sum(summary["per_domain_samples"].values()) == summary["samples"]
