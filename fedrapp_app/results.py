@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 
 from fedrapp_app.calibration import Bins
+from fedrapp_app.switches import Batch, switch_metrics
 
 log = logging.getLogger("fedrapp.results")
 
@@ -162,6 +163,7 @@ class RunRecorder:
         self.seen: dict[int, int] = defaultdict(int)
         self.calibration: dict[str, Bins] = {}  # "calibration" / "calibration_before": the bins summed over rows
         self.domains: dict[str, list[int]] = defaultdict(lambda: [0, 0])  # shift domain -> [samples, right]
+        self.batches: dict[int, list[Batch]] = defaultdict(list)  # client -> its scored batches, in stream order
         self.skipped: dict[int, int] = defaultdict(int)
         self.rows: list[dict[str, Any]] = []
         self.rounds = 0
@@ -197,6 +199,8 @@ class RunRecorder:
             if name in row:
                 bins = Bins(*(np.asarray(row[name][k]) for k in ("n", "correct", "confidence")))
                 self.calibration[name] = self.calibration[name] + bins if name in self.calibration else bins
+        if "domain" in row:
+            self.batches[row["client"]].append(Batch(row["domain"], row["num_examples"], row["correct"]))
         for domain, (n, right) in (row.get("domains") or {}).items():
             self.domains[domain][0] += n
             self.domains[domain][1] += right
@@ -257,6 +261,7 @@ class RunRecorder:
             ),
             "per_domain_accuracy": {d: right / n for d, (n, right) in sorted(self.domains.items()) if n},
             "per_domain_samples": {d: n for d, (n, _) in sorted(self.domains.items())},
+            "switches": switch_metrics([self.batches[c] for c in sorted(self.batches)]),  # None: no client switched
             "per_client_samples": {c: self.seen[c] for c in clients},
             "per_client_skipped": {c: n for c, n in sorted(self.skipped.items()) if n},
             "samples": total,

@@ -242,8 +242,9 @@ def test_a_run_on_a_schedule_reports_each_batchs_domains_and_the_calibration_err
     if shift == "continual":  # one domain a batch, moving every round
         assert all(len(r["domains"]) == 1 and r["domain"] in r["domains"] for r in rows)
         assert len({r["domain"] for r in rows if r["client"] == 0}) == 3
+        assert summary["switches"]["switches"] == 3 * 2  # 3 clients, 3 batches: two switches each
     else:
-        assert any(r["domain"] == "mixed" for r in rows)
+        assert any(r["domain"] == "mixed" for r in rows) and summary["switches"] is None
     assert sum(summary["per_domain_samples"].values()) == summary["samples"]  # every sample in one domain
     right = sum(acc * summary["per_domain_samples"][d] for d, acc in summary["per_domain_accuracy"].items())
     assert right == pytest.approx(summary["micro_accuracy"] * summary["samples"])
@@ -268,3 +269,25 @@ def test_a_reply_whose_domain_counts_do_not_add_up_is_rejected_and_the_round_goe
     bad = [r for r in rows if r["round"] == 2 and r["client"] == 1]
     assert bad[0]["status"] == "rejected" and "domain-n" in bad[0]["reason"]
     assert sum(summary["per_domain_samples"].values()) == summary["samples"]
+
+
+# ----- switches -----------------------------------------------------------------------------------------------
+def test_recovery_and_forgetting_are_the_hand_computed_ones():
+    from fedrapp_app.switches import Batch, switch_metrics
+
+    def b(domain: str, right: int) -> Batch:
+        return Batch(domain, 10, right)
+
+    # client 0: A A | B B B | A ; client 1: A | mixed | A (a mixed batch ends a segment)
+    client0 = [b("A", 8), b("A", 6), b("B", 3), b("B", 5), b("B", 7), b("A", 5)]
+    client1 = [b("A", 5), b("mixed", 9), b("A", 6)]
+    metrics = switch_metrics([client0, client1])
+    # switch A->B: level (8+6)/20 = .7; batches .3 .5 .7 -> recovered after 2. Switch B->A: level (5+7)/20 = .6;
+    # .5 never reaches it -> unrecovered. Client 1's mixed batch ends a segment; A after it is a new segment of
+    # the same domain: a switch with level .5, first batch .6 -> recovered at 0, and a return to A (.5 - .6).
+    assert metrics["switches"] == 3 and metrics["unrecovered"] == 1
+    assert metrics["recovery_batches"] == pytest.approx((2 + 0) / 2)
+    assert metrics["post_switch_accuracy"] == pytest.approx((3 + 5 + 6) / 30)
+    # returns: client 0 back to A (last A .6, first return .5 -> +.1); client 1 back to A (.5 -> .6: -.1)
+    assert metrics["returns"] == 2 and metrics["forgetting"] == pytest.approx(0.0)
+    assert switch_metrics([[b("A", 1), b("A", 2)]]) is None
