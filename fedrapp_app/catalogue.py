@@ -15,6 +15,11 @@ from collections.abc import Callable, Mapping
 from fedrapp_app import plugins
 from fedrapp_app.config import METHOD_KEYS, RULE_KEYS
 
+#: What ``Rule.newcomer`` means, as fedrapp-list says it (docs/shift.md#populations).
+NEWCOMER_TEXT = {
+    "sent": "the rule's row for it (P0 for a personalising rule, the global prompt for a global one)",
+    "memory-mean": "the mean of the participants' memories",
+}
 #: Parameters the run sets itself, not a key: what sets them.
 SET_BY_THE_RUN = {
     "groups": "the testbed's client -> domain map",
@@ -48,6 +53,8 @@ def _section(title: str, group: str, find: Callable, keys: Mapping[str, Mapping[
         selected = getattr(target, "selected_by", "")
         out.append(f"  {name}: {target.summary}" + (f" [selected by {selected}]" if selected else ""))
         out.append(f"      from {found.origin}")
+        if getattr(target, "newcomer", None):  # a rule: what a late joiner or a held-out client is sent first
+            out.append(f"      a client never seen is sent: {NEWCOMER_TEXT[target.newcomer]}")
         out += _parameters(target.params, keys.get(name, {}), other_key)
     return "\n".join(out)
 

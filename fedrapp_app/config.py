@@ -80,6 +80,7 @@ _DATA = DataSpec()  # the data layer owns its defaults
 GROUPS: tuple[tuple[str, str], ...] = (
     ("run", "what runs and where its results go"),
     ("data", "the dataset, its partition over clients and each client's stream"),
+    ("population", "clients that join late, drop out of rounds or only evaluate (ours; docs/shift.md)"),
     ("method", "the clients' test-time method"),
     ("server rule", "how the server mixes the clients' prompts"),
     ("trust", "FedRAPP's trust option (ours)"),
@@ -259,6 +260,32 @@ KEYS: tuple[Key, ...] = (
         minimum=0,
         group="data",
     ),
+    # --- population ---------------------------------------------------------------------------------
+    Key(
+        "late-clients",
+        0,
+        "clients (the ids just below the held-out ones) that take part only from late-round on; their first prompt "
+        "is the rule's for a client never seen (FedRAPP, FedAMP: the mean of the memories)",
+        minimum=0,
+        group="population",
+    ),
+    Key("late-round", 5, "the round the late clients join in", minimum=2, group="population"),
+    Key(
+        "drop-rate",
+        0.0,
+        "below 1: each client sampled for a round is absent from it with this probability (seeded per round)",
+        minimum=0.0,
+        group="population",
+    ),
+    Key(
+        "held-out-clients",
+        0,
+        "clients (the last ids) that are sent the rule's prompt for a client never seen and scored, but whose "
+        "uploads never reach the rule",
+        minimum=0,
+        group="population",
+    ),
+    Key("held-out-every", 1, "a held-out client takes a batch every this many rounds", minimum=1, group="population"),
     # --- method -------------------------------------------------------------------------------------
     Key(
         "csc",
@@ -589,6 +616,17 @@ def _check_combinations(v: Mapping[str, Scalar], with_rule: bool = True) -> None
         problems.append(_problem("min-nodes", v["min-nodes"], f"cannot exceed num-clients = {clients}"))
     if clients and v["dataset"] == "testbed":
         problems.extend(_testbed_pool_problems(clients, v))
+    if not 0 <= v["drop-rate"] < 1:
+        problems.append(_problem("drop-rate", v["drop-rate"], "must be below 1 (every client would drop every round)"))
+    if clients and v["late-clients"] + v["held-out-clients"] >= clients:
+        problems.append(
+            _problem(
+                "late-clients",
+                v["late-clients"],
+                f"late-clients + held-out-clients = {v['late-clients'] + v['held-out-clients']} must leave a client "
+                f"of the {clients} that takes part from round 1",
+            )
+        )
     if v["gamma0"] > v["gamma-max"]:
         problems.append(_problem("gamma0", v["gamma0"], f"cannot exceed gamma-max = {v['gamma-max']}"))
     if v["resume"] and not v["run-name"]:
@@ -891,6 +929,16 @@ class RunConfig:
     def domain_groups(self) -> tuple[int, ...]:
         """Each client's shift-domain index (testbed only); ``ConfigError`` where no domain map exists."""
         return _domain_groups(self.data_spec())
+
+    def population(self):
+        """Who takes part in each round (``fedrapp_app.population.Population``); needs num-clients resolved."""
+        from fedrapp_app.population import Population
+
+        v = self.values
+        return Population(
+            self.num_clients, int(v["late-clients"]), int(v["late-round"]), float(v["drop-rate"]),
+            int(v["held-out-clients"]), int(v["held-out-every"]), int(v["seed"]),
+        )  # fmt: skip
 
     def data_spec(self, **overrides: Scalar):
         """The data layer's spec (``fedrapp_app.data.DataSpec``), validated; ``overrides`` by field name."""

@@ -164,6 +164,7 @@ class RunRecorder:
         self.calibration: dict[str, Bins] = {}  # "calibration" / "calibration_before": the bins summed over rows
         self.domains: dict[str, list[int]] = defaultdict(lambda: [0, 0])  # shift domain -> [samples, right]
         self.batches: dict[int, list[Batch]] = defaultdict(list)  # client -> its scored batches, in stream order
+        self.held_out = [0, 0]  # samples and right predictions of held-out clients (population.py)
         self.skipped: dict[int, int] = defaultdict(int)
         self.rows: list[dict[str, Any]] = []
         self.rounds = 0
@@ -193,6 +194,9 @@ class RunRecorder:
                 self.correct_before[r["client"]] += r["correct_before"]
                 self.seen[r["client"]] += r["num_examples"]
                 self._count_outcome(r)
+                if r.get("held_out"):
+                    self.held_out[0] += r["num_examples"]
+                    self.held_out[1] += r["correct"]
 
     def _count_outcome(self, row: dict[str, Any]) -> None:
         for name in ("calibration", "calibration_before"):
@@ -261,6 +265,9 @@ class RunRecorder:
             ),
             "per_domain_accuracy": {d: right / n for d, (n, right) in sorted(self.domains.items()) if n},
             "per_domain_samples": {d: n for d, (n, _) in sorted(self.domains.items())},
+            # the held-out clients' share of the online accuracy above (None without held-out clients)
+            "held_out_accuracy": self.held_out[1] / self.held_out[0] if self.held_out[0] else None,
+            "held_out_samples": self.held_out[0],
             "switches": switch_metrics([self.batches[c] for c in sorted(self.batches)]),  # None: no client switched
             "per_client_samples": {c: self.seen[c] for c in clients},
             "per_client_skipped": {c: n for c, n in sorted(self.skipped.items()) if n},

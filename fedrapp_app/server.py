@@ -78,6 +78,8 @@ def outcome_fields(outcome: Outcome) -> dict[str, Any]:
 def _row(row: ClientRow, report: RoundReport) -> dict[str, Any]:
     """One JSONL row: the client's upload and report metrics plus the rule's diagnostics for it."""
     out: dict[str, Any] = {"client": row.client_id, "node": row.node_id, "status": row.status}
+    if row.held_out:
+        out["held_out"] = True  # scored; its upload never reached the rule (population.py)
     if row.reason:
         out["reason"] = row.reason
     if row.skipped:
@@ -238,6 +240,7 @@ def _run_rounds(
         node_wait_timeout=float(config["node-wait-timeout"]),
         seed=int(config["seed"]),
         max_norm_ratio=float(config["max-norm-ratio"]),
+        population=config.population(),
         client_config={
             "run-token": token,
             "state-dir": str(recorder.run_dir / CLIENT_STATE_DIR),
@@ -262,7 +265,7 @@ def _run_rounds(
     while not strategy.finished and (max_rounds is None or round_number < max_rounds):
         round_number += 1
         messages = strategy.configure_train(round_number, ArrayRecord(), ConfigRecord(), grid)
-        if not strategy.sampled:
+        if not strategy.sampled and not strategy.expects_clients():
             stopped = "no client available"
             log.warning("round %d: no client available; stopping", round_number)
             break
@@ -280,7 +283,10 @@ def _run_rounds(
         checkpoint_seconds += time.perf_counter() - saved
         if on_round is not None:
             on_round(round_number, strategy)
-        idle = 0 if any(r.status in ("ok", "exhausted", "skipped") for r in report.rows) else idle + 1
+        # A round nobody was due in (late joiners to come, held-out visits, drops) is not an idle one.
+        idle = (
+            0 if not report.rows or any(r.status in ("ok", "exhausted", "skipped") for r in report.rows) else idle + 1
+        )
         rule_failures = rule_failures + 1 if report.rule_error else 0
         if rule_failures >= MAX_RULE_FAILURES:
             raise RuntimeError(f"the server rule failed in {rule_failures} rounds in a row: {report.rule_error}")

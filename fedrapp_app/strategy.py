@@ -35,6 +35,7 @@ from fedrapp_app.aggregation.common import PROBE as PROBE_STATE
 from fedrapp_app.aggregation.common import RoundOutput
 from fedrapp_app.checkpoint import ServerCheckpoint
 from fedrapp_app.errors import clean_reason, describe
+from fedrapp_app.population import Population, newcomer_prompt
 from fedrapp_app.records import (
     CONFIG,
     INFO,
@@ -120,6 +121,7 @@ class ClientRow:
     skipped: list[str] = field(default_factory=list)  # undecodable samples of its batch ("name: reason")
     where: dict[str, str] = field(default_factory=dict)  # where the client ran: host, ray-node, device
     outcome: Outcome | None = None  # calibration bins and per-domain counts, for the results only
+    held_out: bool = False  # a held-out client: scored, its upload never read by the rule (population.py)
 
 
 @dataclass
@@ -200,6 +202,8 @@ class PersonalizedPromptStrategy(Strategy):
     seed : seeds the client sampling.
     max_norm_ratio : an upload whose norm exceeds this multiple of ||P0|| is rejected.
     client_config : extra values for every train message's config (the run token and snapshot folder).
+    population : late joiners, held-out clients and the drop rate (``population.py``); None = everyone, every
+        round it is sampled for.
     """
 
     def __init__(
@@ -213,6 +217,7 @@ class PersonalizedPromptStrategy(Strategy):
         seed: int = 0,
         max_norm_ratio: float = 100.0,
         client_config: dict | None = None,
+        population: Population | None = None,
     ) -> None:
         self.rule_name = rule
         self.rule = make_rule(rule, rule_params)
@@ -223,6 +228,7 @@ class PersonalizedPromptStrategy(Strategy):
         self.seed = seed
         self.max_norm_ratio = max_norm_ratio
         self.client_config = dict(client_config or {})
+        self.population = population or Population(num_clients)
         #: what a query (discovery) message tells a client besides seed and num-clients: where its method comes from
         self.query_config = {k: v for k, v in self.client_config.items() if k == "method-origin"}
         self.node_of: dict[int, int] = {}  # client id -> node id
@@ -404,15 +410,40 @@ class PersonalizedPromptStrategy(Strategy):
         log.info("resumed after round %d; the clients go on at stream positions {%s%s}", st.round, shown, more)
 
     # ---------------------------------------------------------------- rounds
-    def sample(self) -> list[int]:
-        """Seeded sample of the available clients (discovered, stream not ended), sorted by client id."""
+    def sample(self, server_round: int) -> list[int]:
+        """Seeded sample of the available clients (discovered, stream not ended, joined; ``fraction`` of them),
+        with the held-out clients whose visit is due, less the clients that drop out of the round; sorted."""
         assert self.state is not None
-        available = [c for c in sorted(self.node_of) if not self.state.exhausted[c]]
-        if not available:
-            return []
-        k = max(1, int(round(self.fraction * len(available))))
-        picked = self.state.rng.choice(available, size=k, replace=False) if k < len(available) else available
-        return sorted(int(c) for c in picked)
+        pop = self.population
+        live = [c for c in sorted(self.node_of) if not self.state.exhausted[c]]
+        available = [c for c in live if pop.member(c, server_round)]
+        picked: list[int] = []
+        if available:
+            k = max(1, int(round(self.fraction * len(available))))
+            picked = list(self.state.rng.choice(available, size=k, replace=False)) if k < len(available) else available
+        picked += [c for c in live if pop.visits(c, server_round)]
+        dropped = pop.dropped(server_round)
+        return sorted(int(c) for c in picked if not dropped[c])
+
+    def expects_clients(self) -> bool:
+        """A round in which no client was sampled is not the end: with late joiners, held-out clients or a drop
+        rate, a known client whose stream goes on takes part in a later round."""
+        assert self.state is not None
+        live = any(not self.state.exhausted[c] for c in self.node_of)
+        return live and not self.population.is_default
+
+    def first_prompt(self, client: int, server_round: int) -> np.ndarray | None:
+        """What a client the federation has never seen is sent (a held-out client at every visit, a late joiner
+        at its first), per the rule's ``newcomer``; None for every other client (it is sent ``sent[client]``)."""
+        assert self.state is not None
+        pop, st = self.population, self.state
+        new = pop.held_out(client) or (pop.late(client) and st.positions[client] <= 0)
+        if not new:
+            return None
+        if self.rule.rule.newcomer != "memory-mean":
+            return st.sent[client]
+        members = [c for c in range(self.num_clients) if pop.member(c, server_round) and st.positions[c] > 0]
+        return newcomer_prompt(st.memory, members, st.sent[client])
 
     def configure_train(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
@@ -425,7 +456,7 @@ class PersonalizedPromptStrategy(Strategy):
         connected = self.discover(grid)
         assert self.state is not None and self.shapes is not None
         self._round_start = time.monotonic()
-        self.sampled = self.sample()
+        self.sampled = self.sample(server_round)
         if self.sampled and not any(self.node_of[c] in connected for c in self.sampled):
             connected = self._wait_for_nodes(grid, self.sampled)
         if any(self.node_of[c] in connected for c in self.sampled):
@@ -435,8 +466,12 @@ class PersonalizedPromptStrategy(Strategy):
         for client in self.sampled:
             if client in self._absent:
                 continue
-            records = {PROMPT: prompt_to_record(unflatten(self.state.sent[client], self.shapes))}
-            if PROBE_STATE in self.state.rule_state:  # a second prompt the rule asks the client to score
+            first = self.first_prompt(client, server_round)
+            if first is not None and not self.population.held_out(client):  # a late joiner starts from it
+                self.state.sent[client] = self.state.memory[client] = first
+            prompt = self.state.sent[client] if first is None else first
+            records = {PROMPT: prompt_to_record(unflatten(prompt, self.shapes))}
+            if PROBE_STATE in self.state.rule_state and first is None:  # a second prompt the rule asks it to score
                 records[PROBE] = prompt_to_record(unflatten(self.state.rule_state[PROBE_STATE][client], self.shapes))
             cfg = ConfigRecord(
                 {
@@ -484,7 +519,9 @@ class PersonalizedPromptStrategy(Strategy):
                 rows[client] = ClientRow(client, self.node_of[client], "missing", "no reply before round-timeout")
                 log.warning("round %d: client %d: no reply before the round timeout", server_round, client)
 
-        uploads = [r.upload for r in rows.values() if r.upload is not None]
+        for row in rows.values():
+            row.held_out = self.population.held_out(row.client_id)
+        uploads = [r.upload for r in rows.values() if r.upload is not None and not r.held_out]
         t0 = time.monotonic()
         output, rule_error = None, ""
         try:

@@ -198,5 +198,12 @@ def _fedamp_cos_mixing(uploads: NDArray[np.float64], p: FedAMPCosParams) -> NDAr
 
 NONE_FED = Rule(none_fed_round, NoneFedParams, summary="none-fed: each client continues from its own upload")
 FEDAVG = Rule(fedavg_round, FedAvgParams, summary="FedAvg: the example-weighted mean of the uploads, sent to everyone")
-FEDAMP = Rule(fedamp_round, FedAMPParams, summary="FedAMP: attentive message passing, exp(-distance) peer weights")
-FEDAMP_COS = Rule(fedamp_cos_round, FedAMPCosParams, summary="HeurFedAMP: FedAMP with cosine peer weights")
+FEDAMP = Rule(
+    fedamp_round,
+    FedAMPParams,
+    summary="FedAMP: attentive message passing, exp(-distance) peer weights",
+    newcomer="memory-mean",
+)
+FEDAMP_COS = Rule(
+    fedamp_cos_round, FedAMPCosParams, summary="HeurFedAMP: FedAMP with cosine peer weights", newcomer="memory-mean"
+)

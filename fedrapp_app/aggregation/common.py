@@ -67,6 +67,9 @@ class Diagnostics:
     trust_peers: NDArray[np.float64] | None = None
 
 
+#: What a rule may send a client it has never seen (``Rule.newcomer``).
+NEWCOMER_PROMPTS = ("sent", "memory-mean")
+
 #: The ``RoundOutput.state`` entry the strategy sends each client as a second prompt to score (FedRAPP's probe).
 PROBE = "probe"
 
@@ -134,6 +137,10 @@ class Rule:
         as its ``groups`` parameter); tables mark it as a reference.
     selected_by : where the run config selects it otherwise than by ``strategy`` (refused there).
     summary : one line for ``fedrapp-list``.
+    newcomer : what a client the federation has never seen (a late joiner, a held-out client; ``population.py``)
+        is sent first: ``"sent"``, the rule's row for it (what an absent client is sent: P0 for a personalising
+        rule, the global prompt for a global one), or ``"memory-mean"``, the mean of the participants'
+        memories (a personalising rule's knowledge, not a prompt that ignores the federation).
     """
 
     round: Callable[..., RoundOutput]
@@ -143,6 +150,11 @@ class Rule:
     reference: bool = False
     selected_by: str = ""
     summary: str = ""
+    newcomer: str = "sent"
+
+    def __post_init__(self) -> None:
+        if self.newcomer not in NEWCOMER_PROMPTS:
+            raise ValueError(f"Rule.newcomer={self.newcomer!r}: expected one of {', '.join(NEWCOMER_PROMPTS)}")
 
     def __call__(self, *args: Any, **kwargs: Any) -> RoundOutput:
         """The round function itself (a decorated function stays callable)."""
@@ -150,15 +162,21 @@ class Rule:
 
 
 def rule(
-    params: type | None = None, *, stateful: bool = False, reads_own_prompt: bool = False, summary: str = ""
+    params: type | None = None,
+    *,
+    stateful: bool = False,
+    reads_own_prompt: bool = False,
+    summary: str = "",
+    newcomer: str = "sent",
 ) -> Callable[[Callable[..., RoundOutput]], Rule]:
     """Decorator: ``@rule(params=MyParams)`` above a round function makes it a :class:`Rule` (the form a plugin's
-    entry point or a ``module:function`` reference names)."""
+    entry point or a ``module:function`` reference names); ``newcomer``: see :class:`Rule`."""
 
     def wrap(function: Callable[..., RoundOutput]) -> Rule:
         doc = (function.__doc__ or "").strip().splitlines()
         first = doc[0] if doc else ""
-        return Rule(function, params or NoParams, stateful, reads_own_prompt, summary=summary or first)
+        summary_line = summary or first
+        return Rule(function, params or NoParams, stateful, reads_own_prompt, summary=summary_line, newcomer=newcomer)
 
     return wrap
 

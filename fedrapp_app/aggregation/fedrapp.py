@@ -249,4 +249,9 @@ def fedrapp_round(
     )
 
 
-FEDRAPP = Rule(fedrapp_round, FedRAPPParams, summary="FedRAPP (SPEC §4): reliability-aware memories and peer prompts")
+FEDRAPP = Rule(
+    fedrapp_round,
+    FedRAPPParams,
+    summary="FedRAPP (SPEC §4): reliability-aware memories and peer prompts",
+    newcomer="memory-mean",
+)

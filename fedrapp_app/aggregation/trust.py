@@ -279,4 +279,5 @@ FEDRAPP_TRUST = Rule(
     reads_own_prompt=True,
     selected_by="strategy='fedrapp' trust=true",
     summary="FedRAPP with its trust option (ours): memory and peers only as far as they beat the own prompt",
+    newcomer="memory-mean",
 )
