@@ -141,6 +141,46 @@ def unscored_samples(
 _OUTCOME_KEYS = ("round", "client", "status", "reason", "num_examples", "skipped")
 
 
+#: The fields of a row that :func:`outcome_summary` reads.
+OUTCOME_FIELDS = ("client", "status", "num_examples", "correct", "calibration", "calibration_before", "domains",
+                  "domain", "held_out")  # fmt: skip
+
+
+def outcome_summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """What a run's scored rows say beyond accuracy (ours, issue 26), in row order:
+
+    ``ece`` / ``ece_before``: the expected calibration error of every online prediction and of the received
+    prompt's, from the rows' bins added up (None where the method gives no confidences); ``per_domain_accuracy``
+    and ``per_domain_samples`` per shift domain; ``held_out_accuracy`` / ``held_out_samples``, the held-out
+    clients' share (None without them); ``switches``: post-switch accuracy, recovery and forgetting
+    (``switches.py``; None where no client's domain changed)."""
+    ok = [r for r in rows if r.get("status") == "ok"]
+    calibration: dict[str, Bins] = {}
+    domains: dict[str, list[int]] = defaultdict(lambda: [0, 0])
+    batches: dict[int, list[Batch]] = defaultdict(list)
+    for row in ok:
+        for name in ("calibration", "calibration_before"):
+            if name in row:
+                bins = Bins(*(np.asarray(row[name][k]) for k in ("n", "correct", "confidence")))
+                calibration[name] = calibration[name] + bins if name in calibration else bins
+        for domain, (n, right) in (row.get("domains") or {}).items():
+            domains[domain][0] += n
+            domains[domain][1] += right
+        if "domain" in row:
+            batches[row["client"]].append(Batch(row["domain"], row["num_examples"], row["correct"]))
+    held = [r for r in ok if r.get("held_out")]
+    held_samples = sum(r["num_examples"] for r in held)
+    return {
+        "ece": calibration["calibration"].ece if "calibration" in calibration else None,
+        "ece_before": calibration["calibration_before"].ece if "calibration_before" in calibration else None,
+        "per_domain_accuracy": {d: right / n for d, (n, right) in sorted(domains.items()) if n},
+        "per_domain_samples": {d: n for d, (n, _) in sorted(domains.items())},
+        "held_out_accuracy": sum(r["correct"] for r in held) / held_samples if held_samples else None,
+        "held_out_samples": held_samples,
+        "switches": switch_metrics([batches[c] for c in sorted(batches)]),
+    }
+
+
 class RunRecorder:
     """Writes the per-round rows and the summary of one run into ``run_dir``."""
 
@@ -161,10 +201,7 @@ class RunRecorder:
         self.correct: dict[int, int] = defaultdict(int)
         self.correct_before: dict[int, int] = defaultdict(int)
         self.seen: dict[int, int] = defaultdict(int)
-        self.calibration: dict[str, Bins] = {}  # "calibration" / "calibration_before": the bins summed over rows
-        self.domains: dict[str, list[int]] = defaultdict(lambda: [0, 0])  # shift domain -> [samples, right]
-        self.batches: dict[int, list[Batch]] = defaultdict(list)  # client -> its scored batches, in stream order
-        self.held_out = [0, 0]  # samples and right predictions of held-out clients (population.py)
+        self.outcomes: list[dict[str, Any]] = []  # what outcome_summary reads of each scored row
         self.skipped: dict[int, int] = defaultdict(int)
         self.rows: list[dict[str, Any]] = []
         self.rounds = 0
@@ -193,21 +230,7 @@ class RunRecorder:
                 self.correct[r["client"]] += r["correct"]
                 self.correct_before[r["client"]] += r["correct_before"]
                 self.seen[r["client"]] += r["num_examples"]
-                self._count_outcome(r)
-                if r.get("held_out"):
-                    self.held_out[0] += r["num_examples"]
-                    self.held_out[1] += r["correct"]
-
-    def _count_outcome(self, row: dict[str, Any]) -> None:
-        for name in ("calibration", "calibration_before"):
-            if name in row:
-                bins = Bins(*(np.asarray(row[name][k]) for k in ("n", "correct", "confidence")))
-                self.calibration[name] = self.calibration[name] + bins if name in self.calibration else bins
-        if "domain" in row:
-            self.batches[row["client"]].append(Batch(row["domain"], row["num_examples"], row["correct"]))
-        for domain, (n, right) in (row.get("domains") or {}).items():
-            self.domains[domain][0] += n
-            self.domains[domain][1] += right
+                self.outcomes.append({k: r[k] for k in OUTCOME_FIELDS if k in r})
 
     def record_round(
         self, round_number: int, rows: list[dict[str, Any]], seconds: float, timing: dict[str, float] | None = None
@@ -257,18 +280,7 @@ class RunRecorder:
             "macro_accuracy": float(np.mean(list(per_client.values()))) if per_client else float("nan"),
             "micro_accuracy_received_prompt": (sum(self.correct_before.values()) / total) if total else float("nan"),
             "per_client_accuracy": per_client,
-            # ours (issue 26): the expected calibration error of every scored prediction, after and before
-            # adaptation (None where the method gives no confidences), and the accuracy per shift domain
-            "ece": self.calibration["calibration"].ece if "calibration" in self.calibration else None,
-            "ece_before": (
-                self.calibration["calibration_before"].ece if "calibration_before" in self.calibration else None
-            ),
-            "per_domain_accuracy": {d: right / n for d, (n, right) in sorted(self.domains.items()) if n},
-            "per_domain_samples": {d: n for d, (n, _) in sorted(self.domains.items())},
-            # the held-out clients' share of the online accuracy above (None without held-out clients)
-            "held_out_accuracy": self.held_out[1] / self.held_out[0] if self.held_out[0] else None,
-            "held_out_samples": self.held_out[0],
-            "switches": switch_metrics([self.batches[c] for c in sorted(self.batches)]),  # None: no client switched
+            **outcome_summary(self.outcomes),
             "per_client_samples": {c: self.seen[c] for c in clients},
             "per_client_skipped": {c: n for c, n in sorted(self.skipped.items()) if n},
             "samples": total,

@@ -80,3 +80,18 @@ def switch_metrics(clients: Sequence[Sequence[Batch]], window: int = 2) -> dict[
         "returns": len(forgetting),
         "forgetting": sum(forgetting) / len(forgetting) if forgetting else None,
     }
+
+
+def switch_rounds(rows: Sequence[dict]) -> list[int]:
+    """The rounds in which some client's batch is in another domain than its previous batch (rows of a run's
+    ``rounds.jsonl`` with status ok and a ``domain``; mixed batches neither start nor end one)."""
+    last: dict[int, str] = {}
+    rounds = set()
+    for row in sorted(rows, key=lambda r: (r["round"], r["client"])):
+        domain = row.get("domain")
+        if row.get("status") != "ok" or domain is None or domain == "mixed":
+            continue
+        if row["client"] in last and last[row["client"]] != domain:
+            rounds.add(int(row["round"]))
+        last[row["client"]] = domain
+    return sorted(rounds)

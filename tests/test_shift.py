@@ -291,3 +291,15 @@ def test_recovery_and_forgetting_are_the_hand_computed_ones():
     # returns: client 0 back to A (last A .6, first return .5 -> +.1); client 1 back to A (.5 -> .6: -.1)
     assert metrics["returns"] == 2 and metrics["forgetting"] == pytest.approx(0.0)
     assert switch_metrics([[b("A", 1), b("A", 2)]]) is None
+
+
+def test_the_run_report_shows_calibration_domains_and_the_switches(testbed_tiny, tmp_path):
+    from fedrapp_app.report.page import write_report
+    from fedrapp_app.switches import switch_rounds
+
+    config = small_run(testbed_tiny, tmp_path, shift="continual", **{"shift-period": 1, "local-method": "tda"})
+    run_federation(config)
+    rows = read_rows(tmp_path / "run")
+    assert switch_rounds(rows) == [2, 3]  # every client moves at every batch
+    text = write_report(tmp_path / "run").read_text()
+    assert "## Calibration and shift" in text and "6 domain switches" in text and "| blur:2 |" in text

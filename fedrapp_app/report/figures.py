@@ -50,6 +50,7 @@ from fedrapp_app.report.tables import (  # noqa: E402
     domain_order,
     status_grid,
 )
+from fedrapp_app.switches import switch_rounds  # noqa: E402
 
 #: Colours of the row statuses (a status this version does not know is drawn black).
 STATUS_COLORS = {
@@ -148,6 +149,14 @@ def draw_accuracy(
     ax.set_yticks(range(0, 101, 20))
     ax.set_ylabel("top-1 accuracy of the round's batches (%)", fontsize=LABEL)
     _round_axis(ax)
+
+
+def mark_switches(ax: Any, rounds: Sequence[int]) -> None:
+    """Dotted verticals at the rounds where a client's shift domain changed (``switches.switch_rounds``)."""
+    for k, t in enumerate(rounds):
+        ax.axvline(
+            t - 0.5, color="#7f7f7f", linestyle=(0, (1, 2)), linewidth=0.9, label="domain switch" if not k else None
+        )
 
 
 def draw_counts(ax: Any, curves: Mapping[str, Any], num_clients: int) -> None:
@@ -285,6 +294,7 @@ def build_overview(
     accuracy = fig.add_subplot(grid[0, 0])
     counts = fig.add_subplot(grid[1, 0], sharex=accuracy)
     draw_accuracy(accuracy, curves, run.domains)
+    mark_switches(accuracy, switch_rounds(run.rows))
     accuracy.set_xlabel("")
     accuracy.tick_params(axis="x", labelbottom=False)
     accuracy.set_title("accuracy per round (thin: each client, online)", fontsize=TITLE)
@@ -329,6 +339,8 @@ def build_accuracy(run: Run, curves: Mapping[str, Any], title: str) -> Figure:
     right = fig.add_subplot(grid[0, 1], sharey=left)
     draw_accuracy(left, curves, run.domains, "acc", with_received=False)
     draw_accuracy(right, curves, run.domains, "acc_before")
+    for ax in (left, right):
+        mark_switches(ax, switch_rounds(run.rows))
     left.set_title("online accuracy (after local adaptation)", fontsize=TITLE)
     right.set_title("received prompt, before adaptation", fontsize=TITLE)
     _legend(left)

@@ -43,6 +43,7 @@ from fedrapp_app.report.tables import (
     totals,
     wall_time,
 )
+from fedrapp_app.results import outcome_summary
 
 REPORT_FILE = "report.md"
 #: At most this many failed/rejected/missing/skipped rows are listed one by one.
@@ -103,6 +104,37 @@ def _accuracy_section(run: Run, t: Totals) -> str:
             "file): " + "; ".join(mismatches) + ".\n"
         )
     out.write("\n![accuracy per round](accuracy.png)\n\n")
+    return out.getvalue()
+
+
+def _shift_section(run: Run) -> str:
+    """Calibration, accuracy per shift domain, the switches and the held-out clients (``outcome_summary`` of the
+    rows); empty for rows that carry none of them (runs of earlier versions)."""
+    o = outcome_summary(run.rows)
+    if o["ece"] is None and o["ece_before"] is None and not o["per_domain_samples"]:
+        return ""
+    out = io.StringIO()
+    out.write("## Calibration and shift\n\n")
+    if o["ece"] is not None or o["ece_before"] is not None:
+        before, after = o["ece_before"], o["ece"]
+        out.write(
+            f"Expected calibration error (15 bins): {'–' if after is None else _pct(after)}% after adaptation, "
+            f"{'–' if before is None else _pct(before)}% with the received prompt before it.\n\n"
+        )
+    if o["per_domain_samples"]:
+        rows = [[d, n, _pct(o["per_domain_accuracy"].get(d, float("nan")))] for d, n in o["per_domain_samples"].items()]
+        out.write(_table(["shift domain", "samples", "online accuracy (%)"], rows) + "\n")
+    s = o["switches"]
+    if s:
+        recovery = "–" if s["recovery_batches"] is None else f"{s['recovery_batches']:.2f}"
+        forgetting = "–" if s["forgetting"] is None else f"{100 * s['forgetting']:+.2f} points"
+        out.write(
+            f"{s['switches']} domain switches (dotted in the accuracy figures): {_pct(s['post_switch_accuracy'])}% "
+            f"on the first batch after one; {recovery} batches to get back to the level before it "
+            f"({s['unrecovered']} never did); forgetting on a return to a domain: {forgetting} (docs/shift.md).\n\n"
+        )
+    if o["held_out_samples"]:
+        out.write(f"Held-out clients: {_pct(o['held_out_accuracy'])}% on {o['held_out_samples']} samples.\n\n")
     return out.getvalue()
 
 
@@ -318,6 +350,7 @@ def write_run_report(run: Run, out: Path, regenerate: str) -> Path:
         page.write(f"Note: {note}.\n\n")
     page.write("![the run at a glance](overview.png)\n\n")
     page.write(_accuracy_section(run, t))
+    page.write(_shift_section(run))
     page.write(_clients_section(run, stats, shares))
     if matrix is not None:
         page.write(_peers_section(run, shares))
