@@ -247,6 +247,13 @@ KEYS: tuple[Key, ...] = (
         group="data",
     ),
     Key(
+        "corruptions",
+        _DATA.corruptions,
+        "ours: a real dataset's shift domains, ImageNet-C corruptions 'name:severity,...' (severity 1-5; client i "
+        "gets domain i mod D, or they move with shift); needs pip install 'fedrapp[corruptions]'; docs/shift.md",
+        group="data",
+    ),
+    Key(
         "stream-order",
         _DATA.stream_order,
         "ours: a client's stream at random (the paper's) or class after class ('class', class-correlated)",
@@ -867,6 +874,7 @@ DATA_KEYS: dict[str, str] = {
     "shift-rate": "shift_rate",
     "shift-spread": "shift_spread",
     "stream-order": "stream_order",
+    "corruptions": "corruptions",
 }
 
 

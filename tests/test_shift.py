@@ -14,7 +14,7 @@ from fedrapp_app.config import ConfigError, RunConfig
 from fedrapp_app.data import DataSpec, build_client_stream, clear_caches, client_domains, client_partitions
 from fedrapp_app.data.shift import ShiftPlan, class_order
 from fedrapp_app.data.sources import cached_source
-from fedrapp_app.data.spec import parse_domains
+from fedrapp_app.data.spec import parse_domains, validate_spec
 from fedrapp_app.data.streams import stream_order
 from fedrapp_app.records import METRICS, RejectedReply, parse_outcome
 from fedrapp_app.testbed import world
@@ -173,7 +173,7 @@ def test_a_schedule_has_no_domain_per_client():
         (
             {"shift": "mixed", "dataset": "dtd", "data-dir": "/nowhere", "model": "openai/clip-vit-base-patch16"},
             "shift",
-            "dataset='testbed'",
+            "corruptions listing the domains",
         ),
     ],
 )
@@ -303,3 +303,94 @@ def test_the_run_report_shows_calibration_domains_and_the_switches(testbed_tiny,
     assert switch_rounds(rows) == [2, 3]  # every client moves at every batch
     text = write_report(tmp_path / "run").read_text()
     assert "## Calibration and shift" in text and "6 domain switches" in text and "| blur:2 |" in text
+
+
+# ----- ImageNet-C corruptions of a real dataset -----------------------------------------------------------------
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory):
+    """An image folder (the 'custom' dataset's format) of 3 classes x 16 images of 40x48 px."""
+    from PIL import Image
+
+    root = tmp_path_factory.mktemp("real") / "data"
+    rng = np.random.default_rng(0)
+    for label in range(3):
+        (root / f"class_{label}").mkdir(parents=True)
+        for j in range(16):
+            pixels = (rng.random((48, 40, 3)) * 255).astype(np.uint8)
+            Image.fromarray(pixels).save(root / f"class_{label}" / f"{j:02d}.png")
+    return str(root)
+
+
+def real(folder: str, **overrides) -> DataSpec:
+    values = dict(dataset="custom", data_dir=folder, num_clients=3, min_partition_size=4, batch_size=8,
+                  decode_workers=0, corruptions="gaussian_noise:3,contrast:2,clean")  # fmt: skip
+    return DataSpec(**{**values, **overrides})
+
+
+def test_a_real_datasets_clients_see_their_imagenet_c_domain_the_same_way_every_time(folder):
+    from fedrapp_app.data.corruptions import corrupt_image, sample_seed
+
+    spec = real(folder)
+    assert client_domains(spec) == ["gaussian_noise:3", "contrast:2", "clean"]
+    source = cached_source(spec)
+    for client, domain in enumerate([("gaussian_noise", 3), ("contrast", 2), None]):
+        stream = build_client_stream(spec, client)
+        batch = stream.batch(0)
+        originals = source.load(stream.indices_at(0))
+        for image, original, index in zip(batch.images, originals, batch.indices, strict=True):
+            expected = original if domain is None else corrupt_image(original, *domain, sample_seed(0, index))
+            assert np.array_equal(np.asarray(image), np.asarray(expected))
+            assert (domain is None) == np.array_equal(np.asarray(image), np.asarray(original))
+        clear_caches()
+        again = build_client_stream(spec, client).batch(0)
+        assert all(
+            np.array_equal(np.asarray(a), np.asarray(b)) for a, b in zip(again.images, batch.images, strict=True)
+        )
+
+
+def test_a_real_datasets_domains_move_with_a_schedule(folder):
+    spec = real(folder, shift="continual", shift_period=1)
+    stream = build_client_stream(spec, 0)
+    assert [stream.batch(p).domains[0] for p in range(3)] == ["gaussian_noise:3", "contrast:2", "clean"]
+
+
+@pytest.mark.parametrize(
+    ("corruptions", "hint"),
+    [
+        ("fog:2", "'fog' is not offered"),
+        ("impulse_noise:1", "not reproducible"),
+        ("gaussian_noise:6", "outside 1..5"),
+        ("rain:1", "unknown corruption 'rain'"),
+    ],
+)
+def test_a_bad_corruption_is_refused_before_anything_loads(folder, corruptions, hint):
+    with pytest.raises(ValueError, match=hint):
+        validate_spec(real(folder, corruptions=corruptions))
+
+
+def test_corruptions_on_the_testbed_are_refused_and_a_too_small_image_is_skipped_with_its_reason(tmp_path):
+    from PIL import Image
+
+    with pytest.raises(ValueError, match="testbed-domains"):
+        validate_spec(small(corruptions="contrast:1"))
+    for label in range(2):
+        (tmp_path / f"c{label}").mkdir()
+        for j in range(4):
+            Image.new("RGB", (16, 16), (label, j, 0)).save(tmp_path / f"c{label}" / f"{j}.png")
+    spec = real(str(tmp_path), num_clients=1, corruptions="contrast:1", partition="iid")
+    batch = build_client_stream(spec, 0).batch(0)
+    assert not batch.images and len(batch.skipped) == 8 and "below 32 px" in batch.skipped[0].reason
+
+
+def test_without_the_library_the_error_says_how_to_install_it(folder, monkeypatch):
+    import sys
+
+    from fedrapp_app.data import spec as spec_module
+
+    monkeypatch.setitem(sys.modules, "imagecorruptions", None)  # as if not installed
+    spec_module._library_ready.cache_clear()
+    try:
+        with pytest.raises(ValueError, match=r"pip install 'fedrapp\[corruptions\]'"):
+            validate_spec(real(folder))
+    finally:
+        spec_module._library_ready.cache_clear()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass, replace
 from typing import Any
@@ -51,11 +52,12 @@ class DataSpec:
     shift_rate: float = 0.0  # > 0: a step at each batch with this probability instead of every shift-period
     shift_spread: int = 0  # domains active across clients at once (0 = all configured ones)
     stream_order: str = "random"  # one of STREAM_ORDERS
+    corruptions: str = ""  # a real dataset's ImageNet-C shift domains "name:severity,..." (data/corruptions.py)
 
 
 #: Fields that shape a client's stream but neither the source nor the partition (caches ignore them).
 STREAM_FIELDS = ("batch_size", "max_samples_per_client", "testbed_domains", "shift", "shift_period", "shift_rate",
-                 "shift_spread", "stream_order")  # fmt: skip
+                 "shift_spread", "stream_order", "corruptions")  # fmt: skip
 
 
 def without_stream_fields(spec: DataSpec) -> DataSpec:
@@ -148,7 +150,7 @@ def validate_spec(spec: DataSpec) -> DataSpec:
     Returns the spec unchanged so it can be used inline: ``spec = validate_spec(DataSpec(...))``.
     """
     for name in ("dataset", "source", "data_dir", "hf_repo", "hf_split", "hf_image_column", "hf_label_column",
-                 "partition", "testbed_domains", "shift", "stream_order"):  # fmt: skip
+                 "partition", "testbed_domains", "shift", "stream_order", "corruptions"):  # fmt: skip
         if not isinstance(getattr(spec, name), str):
             raise _bad(name, getattr(spec, name), "a string")
     preset = resolve_preset(spec.dataset)
@@ -180,27 +182,58 @@ def validate_spec(spec: DataSpec) -> DataSpec:
     _check_source_fits(spec, preset.name)
     if preset.name == "testbed":
         check_domains(domains)
+        if spec.corruptions.strip():
+            raise _bad("corruptions", spec.corruptions, "'' on the testbed, whose domains are testbed-domains")
+    else:
+        domains = parse_domains(spec.corruptions) if spec.corruptions.strip() else ()
+        check_real_domains(domains)
     _check_schedule(spec, preset.name, domains)
     return spec
+
+
+def check_real_domains(domains: tuple[tuple[str, int] | None, ...]) -> None:
+    """A real dataset's ``corruptions``: known ImageNet-C names at severities 1-5, and the library importable."""
+    named = [d for d in domains if d is not None]
+    if not named:
+        return
+    from fedrapp_app.data import corruptions
+
+    for name, severity in named:
+        corruptions.check_corruption(name, severity)
+    try:
+        _library_ready()
+    except ImportError as err:
+        raise ValueError(str(err)) from None
+
+
+@functools.cache
+def _library_ready() -> None:
+    from fedrapp_app.data.corruptions import require_library
+
+    require_library()
 
 
 def _check_schedule(spec: DataSpec, dataset: str, domains: tuple) -> None:
     """A shift schedule needs domains to move through, a spread they can fill and a period shorter than a stream."""
     if spec.shift == "fixed":
         return
-    if dataset != "testbed":
-        raise _bad("shift", spec.shift, f"'fixed' for dataset={dataset!r}: schedules move through the testbed's "
-                   "corruption domains (dataset='testbed')")  # fmt: skip
     if not domains:
-        raise _bad("shift", spec.shift, "'fixed' without shift domains, or testbed-domains listing the domains "
-                   "to move through (e.g. 'blur:2,contrast:2,color_cast:2')")  # fmt: skip
+        key, example = (
+            ("testbed-domains", "blur:2,contrast:2")
+            if dataset == "testbed"
+            else ("corruptions", "gaussian_noise:3,defocus_blur:3")
+        )
+        raise _bad("shift", spec.shift, f"'fixed' without shift domains, or {key} listing the domains to move "
+                   f"through (e.g. '{example}')")  # fmt: skip
     count = len({d[0] for d in domains if d is not None}) if spec.shift == "gradual" else len(domains)
     if spec.shift_spread > count:
         what = "corruption families" if spec.shift == "gradual" else "domains"
         raise _bad("shift_spread", spec.shift_spread, f"at most the {count} {what} of testbed-domains (0 = all)")
-    per_client = spec.testbed_samples // spec.num_clients
+    per_client = spec.testbed_samples // spec.num_clients if dataset == "testbed" else spec.max_samples_per_client
     if spec.max_samples_per_client:
         per_client = min(per_client, spec.max_samples_per_client)
+    if not per_client:  # a real dataset's streams are known once it is read
+        return
     batches = -(-per_client // spec.batch_size)
     if spec.shift in ("continual", "gradual") and spec.shift_rate == 0 and spec.shift_period >= batches:
         raise _bad("shift_period", spec.shift_period, f"fewer batches than a client's stream (about {batches} "

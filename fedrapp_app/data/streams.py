@@ -18,6 +18,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 from PIL import Image
 
+from fedrapp_app.data.corruptions import corrupt_image, sample_seed
 from fedrapp_app.data.loader import Undecodable
 from fedrapp_app.data.partition import cached_partition_indices, partition_cache_dir
 from fedrapp_app.data.prefetch import PREFETCHER
@@ -124,13 +125,25 @@ class ClientStream:
             return [self.plan.domains[k] for k in self._mixed[start : start + len(indices)]]
         return [self.plan.domain(self.client_id, int(self._steps[position]))] * len(indices)
 
+    def _corrupted(self, item: Image.Image | Undecodable, domain: Domain | None, index: int):
+        """A real image in its ImageNet-C domain (``data/corruptions.py``), seeded by (seed, sample)."""
+        if domain is None or isinstance(item, Undecodable):
+            return item
+        assert self.plan is not None
+        try:
+            return corrupt_image(item, domain[0], domain[1], sample_seed(self.plan.seed, index))
+        except ValueError as err:  # an image too small for the corruption: skipped and reported, like a bad file
+            return Undecodable(f"sample {index}", str(err))
+
     def _load(self, position: int) -> StreamBatch:
         indices = self.indices_at(position)
         domains = self.domains_at(position)
         if domains is None:
             loaded = self.source.load(indices)
+        elif not isinstance(self.source, TestbedSource):  # a real dataset: ImageNet-C corruptions of its images
+            loaded = [self._corrupted(item, domain, index) for item, domain, index in
+                      zip(self.source.load(indices), domains, indices, strict=True)]  # fmt: skip
         else:
-            assert isinstance(self.source, TestbedSource)
             loaded = [None] * len(indices)
             for domain in dict.fromkeys(domains):  # one render per domain present, back in stream order
                 where = [k for k, d in enumerate(domains) if d == domain]
@@ -180,18 +193,25 @@ def client_domains(spec: DataSpec) -> list[str | None]:
     This is the map a domain-oracle reference groups clients by; labels play no part in it.
     """
     validate_spec(spec)
-    domains = parse_domains(spec.testbed_domains) if get_preset(spec.dataset).name == "testbed" else ()
-    if not domains or spec.shift != "fixed":
+    plan = shift_plan(spec)
+    if plan is None or spec.shift != "fixed":
         return [None] * spec.num_clients
-    return [domain_label(domains[i % len(domains)]) for i in range(spec.num_clients)]
+    return [domain_label(plan.domain(i, 0)) for i in range(spec.num_clients)]
 
 
 def shift_plan(spec: DataSpec) -> ShiftPlan | None:
-    """The spec's shift schedule over its testbed domains; None without domains (no corruption)."""
-    domains = parse_domains(spec.testbed_domains) if get_preset(spec.dataset).name == "testbed" else ()
+    """The spec's shift schedule over its domains (the testbed's ``testbed-domains``, a real dataset's ImageNet-C
+    ``corruptions``); None without domains (no corruption)."""
+    if get_preset(spec.dataset).name == "testbed":
+        from fedrapp_app.testbed.corruptions import MAX_SEVERITY
+
+        domains = parse_domains(spec.testbed_domains)
+    else:
+        from fedrapp_app.data.corruptions import MAX_SEVERITY
+
+        domains = parse_domains(spec.corruptions) if spec.corruptions.strip() else ()
     if not domains:
         return None
-    from fedrapp_app.testbed.corruptions import MAX_SEVERITY
 
     return ShiftPlan(spec.shift, domains, spec.shift_period, float(spec.shift_rate), spec.shift_spread, spec.seed,
                      MAX_SEVERITY)  # fmt: skip
