@@ -51,15 +51,17 @@ def _row(rnd: int, client: int, domain: str, mu: float, peers: dict) -> dict:
 
 def test_memory_at_switches_counts_batches_since_a_switch_and_the_same_domain_peer_share(tmp_path):
     rows = [
-        _row(1, 0, "A", 0.5, {"1": 1.0}),  # client 1 in A too: share 1; a first batch counts as a switch (0)
+        _row(1, 0, "A", 0.5, {"1": 1.0}),  # first batches: left out (the memory is P0's)
         _row(1, 1, "A", 0.5, {"0": 1.0}),
-        _row(2, 0, "A", 0.7, {"1": 0.25, "2": 0.75}),  # client 1 moved to B, client 2 is in A: share .75
+        _row(2, 0, "A", 0.7, {"1": 0.25, "2": 0.75}),  # no switch yet (3+); client 2 is in A too: share .75
         _row(2, 1, "B", 0.3, {"0": 1.0}),  # switched: 0 batches since; its peer 0 is in A: share 0
-        _row(2, 2, "A", 0.6, {}),  # no peers: no share
+        _row(2, 2, "A", 0.6, {}),  # its first batch: left out
+        _row(3, 1, "B", 0.4, {"0": 0.5, "2": 0.5}),  # 1 batch since its switch; nobody else in B: share 0
     ]
     (tmp_path / "rounds.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     table = memory_at_switches([tmp_path], horizon=3)
-    mu0, share0 = table[0]
-    assert mu0.mean == pytest.approx((0.5 + 0.5 + 0.3 + 0.6) / 4) and share0.mean == pytest.approx((1 + 1 + 0) / 3)
-    mu1, share1 = table[1]
-    assert mu1.mean == pytest.approx(0.7) and share1.mean == pytest.approx(0.75)
+    assert sorted(table) == [0, 1, 3]
+    assert (table[0][0].mean, table[0][1].mean) == (pytest.approx(0.3), pytest.approx(0.0))
+    assert (table[1][0].mean, table[1][1].mean) == (pytest.approx(0.4), pytest.approx(0.0))
+    assert (table[3][0].mean, table[3][1].mean) == (pytest.approx(0.7), pytest.approx(0.75))
+    assert sorted(memory_at_switches([tmp_path], horizon=0)) == [0]  # fixed streams: one row

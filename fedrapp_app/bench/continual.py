@@ -159,8 +159,8 @@ def population_table(collected: Mapping[Key, Mapping[int, Mapping[str, Any]]], m
 
 def memory_at_switches(run_dirs: Iterable[Path], horizon: int = 3) -> dict[int, tuple[Stat, Stat]]:
     """Batches since a client's last switch (0 = its first batch in a new domain; ``horizon`` = that many or
-    more) -> (μ, the share of its peer weight on clients in the same domain that round), over the rows of the
-    given FedRAPP runs."""
+    more, or no switch yet) -> (μ, the share of its peer weight on clients in the same domain that round), over
+    the rows of the given FedRAPP runs; a client's first batch is left out (its memory is P0's)."""
     mus: dict[int, list[float]] = defaultdict(list)
     shares: dict[int, list[float]] = defaultdict(list)
     for run_dir in run_dirs:
@@ -170,8 +170,11 @@ def memory_at_switches(run_dirs: Iterable[Path], horizon: int = 3) -> dict[int, 
         last: dict[int, str] = {}
         for row in sorted(rows, key=lambda r: (r["round"], r["client"])):
             c = row["client"]
-            since[c] = since.get(c, horizon) + 1 if last.get(c) == row["domain"] else 0
+            first = c not in last
+            since[c] = since.get(c, horizon) + 1 if first or last[c] == row["domain"] else 0
             last[c] = row["domain"]
+            if first:
+                continue
             k = min(since[c], horizon)
             if row.get("mu") is not None:
                 mus[k].append(float(row["mu"]))
@@ -192,9 +195,10 @@ def memory_table(collected: Mapping[Key, Mapping[int, Mapping[str, Any]]], metho
     for rule in ("fedrapp", "fedrapp+trust"):
         for stream in ("fixed", "continual"):
             cells = collected.get((method, stream, rule), {})
-            table = memory_at_switches(c["run_dir"] for c in cells.values() if c["run_dir"])
+            horizon = 0 if stream == "fixed" else 3  # fixed streams never switch: one row
+            table = memory_at_switches((c["run_dir"] for c in cells.values() if c["run_dir"]), horizon)
             for k, (mu, share) in table.items():
-                since = "no switch" if stream == "fixed" else (f"{k}+" if k == max(table) else str(k))
+                since = "no switch" if stream == "fixed" else (f"{k}+" if k == horizon else str(k))
                 lines.append(f"| {rule} | {stream} | {since} | {mu.format(scale=1.0, digits=3)} | {share.format()} |")
     return "\n".join(lines)
 
