@@ -45,7 +45,7 @@ from fedrapp_app.methods.base import (
     initial_context,
     load_adamw_state,
     mean_entropy,
-    top_probability,
+    scored,
     with_own_score,
 )
 from fedrapp_app.methods.params import AdaPromptParams
@@ -198,10 +198,7 @@ class AdaPrompt(LocalMethod):
             loss = float(objective.detach())
         adaptation = Adaptation(
             prompt=detached(params),
-            predictions=after.argmax(-1).cpu(),
-            predictions_before=before.argmax(-1).cpu(),
-            confidence=top_probability(after),
-            confidence_before=top_probability(before),
+            **scored(after, before),
             h_pre=mean_entropy(before),
             h_post=mean_entropy(after),
             stats={

@@ -88,9 +88,24 @@ def entropy(logits: Tensor) -> Tensor:
     return -(log_probs.exp() * log_probs).sum(-1)
 
 
-def top_probability(logits: Tensor) -> Tensor:
-    """The predicted class's probability under softmax(logits): Tensor[B, C] -> Tensor[B] float32 on the cpu."""
-    return logits.detach().float().softmax(-1).amax(-1).cpu()
+def predicted(logits: Tensor) -> tuple[Tensor, Tensor]:
+    """(predictions Tensor[B] long, their probabilities under softmax Tensor[B] float32) of logits Tensor[B, C],
+    on the cpu, read from the device in one copy."""
+    (host,) = to_host_once([logits])
+    return host.argmax(-1), host.softmax(-1).amax(-1)
+
+
+def scored(after: Tensor, before: Tensor) -> dict[str, Tensor]:
+    """The :class:`Adaptation` fields read off the logits after and before adaptation (Tensor[B, C] each) in one
+    device-to-host copy: ``predictions`` and ``predictions_before`` [B] long, ``confidence`` and
+    ``confidence_before`` [B] float32 (the predicted class's probability)."""
+    after, before = to_host_once([after, before])
+    return {
+        "predictions": after.argmax(-1),
+        "predictions_before": before.argmax(-1),
+        "confidence": after.softmax(-1).amax(-1),
+        "confidence_before": before.softmax(-1).amax(-1),
+    }
 
 
 def mean_entropy(logits: Tensor) -> float:

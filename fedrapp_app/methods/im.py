@@ -48,7 +48,7 @@ from fedrapp_app.methods.base import (
     initial_context,
     load_adamw_state,
     mean_entropy,
-    top_probability,
+    scored,
     with_own_score,
 )
 from fedrapp_app.methods.params import IMParams
@@ -143,10 +143,7 @@ class InformationMaximisation(LocalMethod):
         marginal = batch_marginal(before.detach()) if reference is None else reference
         adaptation = Adaptation(
             prompt=detached([context]),
-            predictions=after.argmax(-1).cpu(),
-            predictions_before=before.detach().argmax(-1).cpu(),
-            confidence=top_probability(after),
-            confidence_before=top_probability(before),
+            **scored(after, before),
             h_pre=mean_entropy(before),
             h_post=mean_entropy(after),
             stats={

@@ -40,7 +40,7 @@ from fedrapp_app.methods.base import (
     initial_context,
     load_adamw_state,
     mean_entropy,
-    top_probability,
+    scored,
     with_own_score,
 )
 from fedrapp_app.methods.params import TPTParams
@@ -106,10 +106,7 @@ class TPT(LocalMethod):
         own = self.own.score(pclip, [received], features[:, 0], before)
         adaptation = Adaptation(
             prompt=detached([tuned.mean(0)]),
-            predictions=after.argmax(-1).cpu(),
-            predictions_before=before.argmax(-1).cpu(),
-            confidence=top_probability(after),
-            confidence_before=top_probability(before),
+            **scored(after, before),
             h_pre=mean_entropy(before),
             h_post=mean_entropy(after),
             stats={
@@ -199,10 +196,7 @@ class TPTOnline(TPT):
         after_logits = torch.stack(after)
         adaptation = Adaptation(
             prompt=detached([context]),
-            predictions=after_logits.argmax(-1).cpu(),
-            predictions_before=before.argmax(-1).cpu(),
-            confidence=top_probability(after_logits),
-            confidence_before=top_probability(before),
+            **scored(after_logits, before),
             h_pre=mean_entropy(before),
             h_post=mean_entropy(after_logits),
             stats={

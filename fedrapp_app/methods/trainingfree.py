@@ -25,7 +25,7 @@ from fedrapp_app.methods.base import (
     batch_marginal_entropy,
     check_prompt,
     mean_entropy,
-    top_probability,
+    predicted,
 )
 from fedrapp_app.methods.views import view_features
 
@@ -75,13 +75,14 @@ class TrainingFree(LocalMethod):
         views = self.views(pclip, pixel_values, generator)  # [B, V, E]
         before = pclip.logits(views[:, 0], text)  # [B, C]: the classifier alone on the original views
         predictions, confidence, stats = self.predict(pclip, text, views)
+        predictions_before, confidence_before = predicted(before)
         h = mean_entropy(before)
         adaptation = Adaptation(
             prompt=received,
             predictions=predictions,
-            predictions_before=before.argmax(-1).cpu(),
+            predictions_before=predictions_before,
             confidence=confidence,
-            confidence_before=top_probability(before),
+            confidence_before=confidence_before,
             h_pre=h,
             h_post=h,
             stats={"updated": 0.0, **stats},

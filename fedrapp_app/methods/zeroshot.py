@@ -22,7 +22,7 @@ from fedrapp_app.methods.base import (
     batch_marginal_entropy,
     check_prompt,
     mean_entropy,
-    top_probability,
+    predicted,
 )
 from fedrapp_app.methods.params import EnsembleParams, ZeroShotParams
 
@@ -46,10 +46,10 @@ class ZeroShot(LocalMethod):
         features = pclip.image_features(pixel_values)  # [B, E]
         classifier = pclip.ensemble_features() if self.params.classifier == "ensemble" else pclip.hard_prompt_features()
         logits = pclip.logits(features, classifier.unsqueeze(0))  # [B, C]
-        predictions = logits.argmax(-1).cpu()
+        predictions, confidence = predicted(logits)
         h = mean_entropy(logits)
         adaptation = Adaptation(received, predictions, predictions.clone(), h, h, {"updated": 0.0})
-        adaptation.confidence = adaptation.confidence_before = top_probability(logits)
+        adaptation.confidence, adaptation.confidence_before = confidence, confidence.clone()
         if self.params.own_prompt:  # whichever prompt the client kept, zero-shot predicts the same
             adaptation.h_own, adaptation.predictions_own = h, predictions.clone()
             adaptation.hm_pre = adaptation.hm_own = batch_marginal_entropy(logits)
