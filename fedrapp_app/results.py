@@ -137,13 +137,9 @@ def unscored_samples(
     return complete, unscored
 
 
-#: The keys of a row that ``unscored_samples`` reads.
-_OUTCOME_KEYS = ("round", "client", "status", "reason", "num_examples", "skipped")
-
-
-#: The fields of a row that :func:`outcome_summary` reads.
-OUTCOME_FIELDS = ("client", "status", "num_examples", "correct", "calibration", "calibration_before", "domains",
-                  "domain", "held_out")  # fmt: skip
+#: The keys of a row the summary reads (``unscored_samples``, ``outcome_summary``); peer weights and metrics stay out.
+_OUTCOME_KEYS = ("round", "client", "status", "reason", "num_examples", "skipped", "correct", "calibration",
+                 "calibration_before", "domains", "domain", "held_out")  # fmt: skip
 
 
 def outcome_summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
@@ -201,7 +197,6 @@ class RunRecorder:
         self.correct: dict[int, int] = defaultdict(int)
         self.correct_before: dict[int, int] = defaultdict(int)
         self.seen: dict[int, int] = defaultdict(int)
-        self.outcomes: list[dict[str, Any]] = []  # what outcome_summary reads of each scored row
         self.skipped: dict[int, int] = defaultdict(int)
         self.rows: list[dict[str, Any]] = []
         self.rounds = 0
@@ -230,7 +225,6 @@ class RunRecorder:
                 self.correct[r["client"]] += r["correct"]
                 self.correct_before[r["client"]] += r["correct_before"]
                 self.seen[r["client"]] += r["num_examples"]
-                self.outcomes.append({k: r[k] for k in OUTCOME_FIELDS if k in r})
 
     def record_round(
         self, round_number: int, rows: list[dict[str, Any]], seconds: float, timing: dict[str, float] | None = None
@@ -280,7 +274,7 @@ class RunRecorder:
             "macro_accuracy": float(np.mean(list(per_client.values()))) if per_client else float("nan"),
             "micro_accuracy_received_prompt": (sum(self.correct_before.values()) / total) if total else float("nan"),
             "per_client_accuracy": per_client,
-            **outcome_summary(self.outcomes),
+            **outcome_summary(self.rows),
             "per_client_samples": {c: self.seen[c] for c in clients},
             "per_client_skipped": {c: n for c, n in sorted(self.skipped.items()) if n},
             "samples": total,
