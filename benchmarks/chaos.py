@@ -62,11 +62,11 @@ sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from vitb16 import load_average  # noqa: E402
 
-from fedrapp_app.client import app as client_app  # noqa: E402
 from fedrapp_app.deploy.loopback import Loopback, alive, run_id_of  # noqa: E402
-from fedrapp_app.inprocess import InProcessGrid  # noqa: E402
-from fedrapp_app.results import read_rows  # noqa: E402
-from fedrapp_app.server import run_server  # noqa: E402
+from fedrapp_app.federation.client import app as client_app  # noqa: E402
+from fedrapp_app.federation.inprocess import InProcessGrid  # noqa: E402
+from fedrapp_app.federation.server import run_server  # noqa: E402
+from fedrapp_app.recording.results import read_rows  # noqa: E402
 from fedrapp_app.testbed import world  # noqa: E402
 from fedrapp_app.testbed.tiny import make_tiny_clip  # noqa: E402
 
@@ -209,7 +209,7 @@ class Orphans(threading.Thread):
         }
 
 
-#: What the ServerApp logs when a resume finds its run folder held and waits (``fedrapp_app.runlock``).
+#: What the ServerApp logs when a resume finds its run folder held and waits (``fedrapp_app.recording.runlock``).
 LOCK_WAIT_LINE = "waiting up to"
 
 

@@ -87,7 +87,7 @@ def round_table(stdout: str, run_dir: Path) -> list[dict]:
 
 
 def simulation(args: argparse.Namespace, tmp: Path) -> tuple[list[dict], str]:
-    from fedrapp_app.launch import toml_value
+    from fedrapp_app.running.launch import toml_value
 
     config = run_config(model_source(tmp), tmp / "out", args.rounds, args.clients)
     overrides = " ".join(f"{k}={toml_value(v)}" for k, v in config.items())
@@ -95,7 +95,7 @@ def simulation(args: argparse.Namespace, tmp: Path) -> tuple[list[dict], str]:
         [
             sys.executable,
             "-m",
-            "fedrapp_app.launch",
+            "fedrapp_app.running.launch",
             str(ROOT),
             "--flwr-home",
             str(tmp / "home"),
@@ -115,7 +115,7 @@ def simulation(args: argparse.Namespace, tmp: Path) -> tuple[list[dict], str]:
 
 
 def deployment(args: argparse.Namespace, tmp: Path) -> tuple[list[dict], str]:
-    from fedrapp_app.launch import (
+    from fedrapp_app.running.launch import (
         contained_env,
         free_port,
         run_status,
@@ -198,7 +198,7 @@ def imports(args: argparse.Namespace) -> None:
         "flwr.clientapp": "import flwr.clientapp",
         "torch": "import torch",
         "torch + transformers CLIPModel": "import torch; from transformers import CLIPModel",
-        "fedrapp_app.client (the ClientApp)": "import fedrapp_app.client",
+        "fedrapp_app.federation.client (the ClientApp)": "import fedrapp_app.federation.client",
     }
     print(f"fresh-process import cost, median of {args.repeats}; load {load_average():.2f}")
     for label, statement in statements.items():

@@ -95,7 +95,7 @@ def run_one(clients: int, per_client: int, batch: int, rounds: int, workdir: Pat
         f"num-rounds={rounds} output-dir='{workdir}' run-name='n{clients}' node-wait-timeout=1800.0 "
         "round-timeout=3600.0"
     )
-    command = [sys.executable, "-m", "fedrapp_app.launch", str(ROOT), "--flwr-home", str(workdir / "flwr-home")]
+    command = [sys.executable, "-m", "fedrapp_app.running.launch", str(ROOT), "--flwr-home", str(workdir / "flwr-home")]
     command += ["-c", overrides]
     memory = PeakMemory(mark)
     load = os.getloadavg()[0]
@@ -145,7 +145,7 @@ def row_bytes(clients: int, dim: int = 3 * 5 * 512, seed: int = 0) -> tuple[int,
     import numpy as np
 
     from fedrapp_app.aggregation import make_rule, synthetic_round
-    from fedrapp_app.server import top_peers
+    from fedrapp_app.federation.server import top_peers
 
     kw = synthetic_round(np.random.default_rng(seed), clients, dim, reply_prob=1.0)
     weights = make_rule("fedrapp", {})(**kw).diagnostics.peer_weights

@@ -53,7 +53,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from vitb16 import load_average  # noqa: E402
 
 from fedrapp_app.deploy.loopback import Loopback  # noqa: E402
-from fedrapp_app.processes import stat_fields  # noqa: E402
+from fedrapp_app.running.processes import stat_fields  # noqa: E402
 
 ROUND_LINE = re.compile(r"round (\d+) \|.*\| ([\d.]+)s\s*$")
 TICKS = os.sysconf("SC_CLK_TCK")
@@ -352,8 +352,8 @@ def phase(name):
     mark = now
 import flwr.clientapp
 phase("import flwr")
-import fedrapp_app.client as client
-phase("import fedrapp_app.client (torch, transformers)")
+import fedrapp_app.federation.client as client
+phase("import fedrapp_app.federation.client (torch, transformers)")
 from fedrapp_app.config import RunConfig
 config = RunConfig.from_run_config(json.loads(sys.argv[1]))
 stream = client.build_client_stream(config.data_spec(), 0)

@@ -10,10 +10,10 @@ from typing import Any
 import numpy as np
 from flwr.app import Message
 
-from fedrapp_app.client import app as client_app
-from fedrapp_app.inprocess import InProcessGrid
-from fedrapp_app.records import PROBE, PROMPT, flatten, record_to_prompt
-from fedrapp_app.server import run_server
+from fedrapp_app.federation.client import app as client_app
+from fedrapp_app.federation.inprocess import InProcessGrid
+from fedrapp_app.federation.records import PROBE, PROMPT, flatten, record_to_prompt
+from fedrapp_app.federation.server import run_server
 
 
 def small_run(model_dir: Path, out_dir: Path, **overrides: Any) -> dict[str, Any]:

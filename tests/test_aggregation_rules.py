@@ -21,7 +21,7 @@ from fedrapp_app.aggregation import (
     rules,
     synthetic_round,
 )
-from fedrapp_app.plugins import PluginError
+from fedrapp_app.registry.entry_points import PluginError
 
 #: This project's rules, as the registry finds them (its pyproject.toml's entry points).
 RULES = {name: find_rule(name).target for name in BUILT_IN}

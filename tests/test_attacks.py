@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from fedrapp_app.attacks import poisoned_upload
 from fedrapp_app.config import ConfigError, RunConfig
+from fedrapp_app.federation.attacks import poisoned_upload
 
 
 def test_random_upload_keeps_the_block_norms_and_scaled_blows_up_the_update():

@@ -637,7 +637,7 @@ def test_refusals_come_before_any_cell_in_one_line(tiny_model, tmp_path, capsys)
 
     from fedrapp_app.bench.__main__ import main
     from fedrapp_app.bench.ray_cells import check_head_answers
-    from fedrapp_app.launch import free_port
+    from fedrapp_app.running.launch import free_port
 
     source = three_cells(tiny_model, tmp_path / "bench")
     BenchRunner(parse_bench(source)).run(progress=False, executor=ScriptedExecutor({}, at_once=3))
@@ -761,7 +761,7 @@ def test_a_grid_run_in_this_process_leaves_its_loggers_and_threads_as_it_found_t
 
     import torch
 
-    import fedrapp_app.server  # noqa: F401 - Flower sets its logger's level when first imported, not the grid
+    import fedrapp_app.federation.server  # noqa: F401 - Flower sets its logger's level when first imported, not the grid
 
     levels = {name: logging.getLogger(name).level for name in grid_module.QUIET}
     threads = torch.get_num_threads()

@@ -3,7 +3,7 @@ a cluster of two Ray nodes that the slow test starts on this machine (as tests/t
 
 A spawned worker process imports the module of its task, so this module imports nothing heavy at its top: the
 worker tasks below run no cell and start in about a second. Every process a test starts is stopped by it (the Ray
-nodes by their mark: ``fedrapp_app.processes``).
+nodes by their mark: ``fedrapp_app.running.processes``).
 """
 
 from __future__ import annotations
@@ -27,8 +27,8 @@ from test_bench import fake_result
 
 from fedrapp_app.bench import BenchRunner, parse_bench, read_rows
 from fedrapp_app.bench import grid as grid_module
-from fedrapp_app.launch import free_port
-from fedrapp_app.processes import marked_pids, stop_marked
+from fedrapp_app.running.launch import free_port
+from fedrapp_app.running.processes import marked_pids, stop_marked
 
 MARK = "FEDRAPP_TEST_MARK"
 NODE2_MARK = "FEDRAPP_TEST_NODE2"

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from flwr.app import Context, RecordDict
 
-from fedrapp_app.launch import run_status
+from fedrapp_app.running.launch import run_status
 from fedrapp_app.testbed import world
 from fedrapp_app.testbed.tiny import make_tiny_clip
 

@@ -18,7 +18,7 @@ from fedrapp_app.config import (
     ConfigError,
     RunConfig,
 )
-from fedrapp_app.config_docs import markdown_table, pyproject_block, reference_page
+from fedrapp_app.config.docs import markdown_table, pyproject_block, reference_page
 from fedrapp_app.methods import make_method
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -193,7 +193,7 @@ def testbed_tiny(tmp_path_factory: pytest.TempPathFactory) -> Path:
 )
 def test_a_federation_runs_clean_on_emulated_cuda(testbed_tiny, tmp_path, monkeypatch, overrides):
     """The real ServerApp body, strategy and ClientApp in-process, with every client's model on cuda:0."""
-    import fedrapp_app.client as client_module
+    import fedrapp_app.federation.client as client_module
 
     from federation import read_rows, run_federation, small_run
 

@@ -24,7 +24,7 @@ from fedrapp_app.deploy.pool import TaskRecord, WarmPool, exit_text
 from fedrapp_app.deploy.protocol import Activated, Done, Pulled, Ready, TaskSpec
 from fedrapp_app.deploy.version import UnsupportedFlowerError, check_flower_version
 from fedrapp_app.deploy.worker import shadowed_preloads
-from fedrapp_app.processes import stat_fields
+from fedrapp_app.running.processes import stat_fields
 
 ROOT = Path(__file__).resolve().parent.parent
 THIS_MODULE = Path(__file__).stem

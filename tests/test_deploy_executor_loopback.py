@@ -23,7 +23,7 @@ import pytest
 from flwr.common.constant import ErrorCode
 
 from fedrapp_app.deploy.loopback import Loopback, descendants
-from fedrapp_app.processes import stat_fields
+from fedrapp_app.running.processes import stat_fields
 from fedrapp_app.testbed import world
 from fedrapp_app.testbed.tiny import make_tiny_clip
 

@@ -24,7 +24,7 @@ from flwr.cli.utils import filter_paths_for_publish, validate_project_name
 from flwr.common.config import parse_config_args
 
 from fedrapp_app.config import ConfigError, RunConfig
-from fedrapp_app.launch import app_overrides
+from fedrapp_app.running.launch import app_overrides
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning:pathspec.*")  # Flower's publish filter
 

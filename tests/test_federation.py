@@ -10,12 +10,12 @@ import pytest
 from flwr.app import Array, ArrayRecord, RecordDict
 from flwr.clientapp import ClientApp
 
-from fedrapp_app.client import METHOD_STATE, STREAM_STATE, client_id_of
-from fedrapp_app.client import app as real_client_app
 from fedrapp_app.config import ConfigError
-from fedrapp_app.inprocess import InProcessGrid
-from fedrapp_app.records import METRICS, PROMPT
-from fedrapp_app.server import run_server
+from fedrapp_app.federation.client import METHOD_STATE, STREAM_STATE, client_id_of
+from fedrapp_app.federation.client import app as real_client_app
+from fedrapp_app.federation.inprocess import InProcessGrid
+from fedrapp_app.federation.records import METRICS, PROMPT
+from fedrapp_app.federation.server import run_server
 from fedrapp_app.testbed import world
 from fedrapp_app.testbed.tiny import make_tiny_clip
 

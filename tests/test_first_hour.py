@@ -21,19 +21,19 @@ import pytest
 from flwr.clientapp import ClientApp
 from PIL import Image
 
-import fedrapp_app.client as client_module
-import fedrapp_app.strategy as strategy_module
-from fedrapp_app.client import app as client_app
+import fedrapp_app.federation.client as client_module
+import fedrapp_app.federation.strategy as strategy_module
 from fedrapp_app.config import ConfigError, RunConfig
 from fedrapp_app.data import build_client_stream
-from fedrapp_app.errors import clean_reason, describe
-from fedrapp_app.inprocess import InProcessGrid
-from fedrapp_app.launch import app_overrides, parse_pairs, resume_command
-from fedrapp_app.preflight import PreflightError, check_data, check_model
-from fedrapp_app.processes import describe_process, marked_pids, stat_fields, stop_marked
-from fedrapp_app.results import read_rows, unscored_samples
-from fedrapp_app.runlock import RunFolderBusy, check_free, run_lock
-from fedrapp_app.server import run_server
+from fedrapp_app.federation.client import app as client_app
+from fedrapp_app.federation.errors import clean_reason, describe
+from fedrapp_app.federation.inprocess import InProcessGrid
+from fedrapp_app.federation.server import run_server
+from fedrapp_app.recording.results import read_rows, unscored_samples
+from fedrapp_app.recording.runlock import RunFolderBusy, check_free, run_lock
+from fedrapp_app.running.launch import app_overrides, parse_pairs, resume_command
+from fedrapp_app.running.preflight import PreflightError, check_data, check_model
+from fedrapp_app.running.processes import describe_process, marked_pids, stat_fields, stop_marked
 from fedrapp_app.testbed import world
 from fedrapp_app.testbed.tiny import make_tiny_clip
 
@@ -132,7 +132,7 @@ def test_a_failed_snapshot_save_consumes_nothing(testbed_tiny, tmp_path, monkeyp
 
 
 def test_snapshots_go_to_the_node_state_dir_else_the_servers_folder_on_its_host_else_a_local_cache(tmp_path):
-    from fedrapp_app.client import default_state_dir, snapshot_dir
+    from fedrapp_app.federation.client import default_state_dir, snapshot_dir
 
     here = {"run-token": "t", "state-dir": str(tmp_path / "run"), "server-host": __import__("socket").gethostname()}
     assert snapshot_dir({}, here) == tmp_path / "run"
@@ -144,7 +144,7 @@ def test_snapshots_go_to_the_node_state_dir_else_the_servers_folder_on_its_host_
 # ----------------------------------------------------------------------------------- errors a person can read
 RAY_REASON = (
     "<class 'ray.exceptions.RayTaskError(ClientAppException)'>:<'\x1b[36mray::ClientAppActor.run()\x1b[39m (pid=1)\n"
-    '  File "/x/fedrapp_app/client.py", line 57, in client_id_of\n    raise ValueError(\n'
+    '  File "/x/fedrapp_app/federation/client.py", line 57, in client_id_of\n    raise ValueError(\n'
     "ValueError: the simulation runs 2 SuperNodes but num-clients = 8: fix it\n\n"
     "The above exception was the direct cause of the following exception:\n\n"
     "flwr.clientapp.client_app.ClientAppException: \n"
@@ -351,7 +351,7 @@ def test_fedrapp_sim_refuses_bad_input_in_seconds_with_one_message(tmp_path):
     for args, expected in cases:
         started = time.monotonic()
         done = subprocess.run(
-            [sys.executable, "-m", "fedrapp_app.launch", str(ROOT), *args, "-c", f"output-dir='{tmp_path}'"],
+            [sys.executable, "-m", "fedrapp_app.running.launch", str(ROOT), *args, "-c", f"output-dir='{tmp_path}'"],
             capture_output=True,
             text=True,
             timeout=60,
@@ -440,7 +440,7 @@ def test_a_process_whose_environment_lost_the_mark_is_found_by_its_working_direc
 
 
 def test_a_ray_address_that_does_not_answer_is_refused_at_once():
-    from fedrapp_app.launch import check_ray_address, free_port
+    from fedrapp_app.running.launch import check_ray_address, free_port
 
     with pytest.raises(ConfigError, match="does not answer.*ray start --head"):
         check_ray_address(f"127.0.0.1:{free_port()}")
@@ -452,7 +452,7 @@ def test_the_launcher_gives_clients_a_gpu_share_on_a_gpu_host_and_refuses_what_w
     import argparse
 
     from fedrapp_app.engine import devices
-    from fedrapp_app.launch import gpu_share
+    from fedrapp_app.running.launch import gpu_share
 
     def args(**kw) -> argparse.Namespace:
         return argparse.Namespace(**{"ray_address": "", "gpus_per_client": None, **kw})
@@ -551,7 +551,7 @@ def test_a_process_with_an_odd_name_anywhere_on_the_host_does_not_stop_the_scan(
 
 def test_the_launcher_names_a_process_of_the_run_that_outlives_its_stop(monkeypatch, tmp_path, capsys):
     """SIGKILL cannot take a process stuck in the kernel: the launcher says which one, with its state and signals."""
-    from fedrapp_app import launch as launcher
+    from fedrapp_app.running import launch as launcher
 
     launch = "test-" + os.urandom(4).hex()
     stuck = subprocess.Popen(
@@ -576,7 +576,7 @@ def test_the_launcher_names_a_process_of_the_run_that_outlives_its_stop(monkeypa
 
 def test_free_port_never_hands_out_the_same_port_twice(monkeypatch):
     """The OS may offer a just-probed port again (two SuperNodes once got the same one in CI): free_port skips it."""
-    from fedrapp_app import launch
+    from fedrapp_app.running import launch
 
     offered = iter([50001, 50001, 50001, 50002])
 

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from fedrapp_app.launch import (
+from fedrapp_app.running.launch import (
     contained_env,
     free_port,
     run_status,
@@ -29,7 +29,7 @@ from fedrapp_app.launch import (
     wait_healthy,
     write_connection,
 )
-from fedrapp_app.processes import LAUNCH_ID_ENV, describe_process, marked_pids, stop_marked
+from fedrapp_app.running.processes import LAUNCH_ID_ENV, describe_process, marked_pids, stop_marked
 from fedrapp_app.testbed import world
 from fedrapp_app.testbed.tiny import make_tiny_clip
 
@@ -59,7 +59,7 @@ def test_run_simulation_through_ray(testbed_tiny, tmp_path):
 
 def _fedrapp_sim(args: list[str], flwr_home: Path) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", "fedrapp_app.launch", str(ROOT), "--flwr-home", str(flwr_home), *args],
+        [sys.executable, "-m", "fedrapp_app.running.launch", str(ROOT), "--flwr-home", str(flwr_home), *args],
         capture_output=True,
         text=True,
         timeout=600,
@@ -130,7 +130,7 @@ def _resume_command(stderr: str) -> list[str]:
     line = stderr.split("Continue it with:\n", 1)[1].splitlines()[0].strip()
     words = shlex.split(line)
     assert words[0] == "fedrapp-sim"
-    return [sys.executable, "-m", "fedrapp_app.launch", *words[1:]]
+    return [sys.executable, "-m", "fedrapp_app.running.launch", *words[1:]]
 
 
 def test_sigint_stops_every_process_of_the_run_and_the_resume_matches_an_uninterrupted_run(testbed_tiny, tmp_path):
@@ -139,7 +139,7 @@ def test_sigint_stops_every_process_of_the_run_and_the_resume_matches_an_uninter
     assert whole.returncode == 0, whole.stdout[-2000:] + whole.stderr[-2000:]
 
     marker = "sigint-" + uuid.uuid4().hex
-    args = [sys.executable, "-m", "fedrapp_app.launch", str(ROOT), "--flwr-home", str(tmp_path / "flwr-home")]
+    args = [sys.executable, "-m", "fedrapp_app.running.launch", str(ROOT), "--flwr-home", str(tmp_path / "flwr-home")]
     args += ["-c", _as_overrides({**config, "run-name": "cut"})]
     # The launcher's scratch folder (the working directory of every process it starts) goes under a folder of the
     # test's own, so that a process whose environment lost the mark is found too (Ray's agents were seen with an

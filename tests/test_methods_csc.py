@@ -14,9 +14,9 @@ from test_methods import run_rounds
 
 from fedrapp_app.aggregation import make_rule
 from fedrapp_app.config import METHOD_KEYS, RunConfig
+from fedrapp_app.federation.records import flatten, prompt_to_record, record_to_prompt, unflatten
 from fedrapp_app.methods import make_method
 from fedrapp_app.methods.im import im_loss
-from fedrapp_app.records import flatten, prompt_to_record, record_to_prompt, unflatten
 from fedrapp_app.testbed import world
 from fedrapp_app.testbed.tiny import make_tiny_clip
 

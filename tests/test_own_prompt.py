@@ -9,12 +9,12 @@ import torch
 from flwr.app import MetricRecord, RecordDict
 
 from fedrapp_app.config import RunConfig
+from fedrapp_app.federation.records import METRICS, PROMPT, RejectedReply, parse_train_reply, prompt_to_record
 from fedrapp_app.methods import BUILT_IN as METHODS
 from fedrapp_app.methods import find_method, make_method
 from fedrapp_app.methods.base import OwnPrompt, batch_marginal_entropy, mean_entropy, neighbour_votes
 from fedrapp_app.methods.trainingfree import TrainingFree
 from fedrapp_app.methods.zeroshot import ZeroShot
-from fedrapp_app.records import METRICS, PROMPT, RejectedReply, parse_train_reply, prompt_to_record
 
 #: Small settings that make every method update from its first batch on the tiny CLIP.
 PARAMS = {

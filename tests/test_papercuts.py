@@ -16,13 +16,13 @@ import numpy as np
 import pytest
 from flwr.app import Context, RecordDict
 
-from fedrapp_app import launch as launcher
 from fedrapp_app.config import ConfigError, RunConfig
 from fedrapp_app.data.partition import partition_indices
 from fedrapp_app.data.spec import DataSpec
-from fedrapp_app.runlock import RunFolderUnwritable, check_writable
-from fedrapp_app.server import main as server_main
-from fedrapp_app.server import run_server
+from fedrapp_app.federation.server import main as server_main
+from fedrapp_app.federation.server import run_server
+from fedrapp_app.recording.runlock import RunFolderUnwritable, check_writable
+from fedrapp_app.running import launch as launcher
 
 ROOT = Path(__file__).resolve().parent.parent
 SHIPPED_MODEL = ROOT / "fedrapp_app" / "testbed" / "model"
@@ -32,7 +32,7 @@ def fedrapp_sim(*args: str, timeout: float = 60) -> tuple[subprocess.CompletedPr
     """``fedrapp-sim`` as a user runs it (this interpreter's), and the seconds it took."""
     started = time.monotonic()
     done = subprocess.run(
-        [sys.executable, "-m", "fedrapp_app.launch", *args], capture_output=True, text=True, timeout=timeout
+        [sys.executable, "-m", "fedrapp_app.running.launch", *args], capture_output=True, text=True, timeout=timeout
     )
     return done, time.monotonic() - started
 
@@ -86,7 +86,7 @@ def test_fedrapp_sim_refuses_an_unwritable_output_dir_in_a_second(unwritable):
 
 
 def test_the_launchers_checks_refuse_an_unwritable_output_dir_before_the_model_and_data(unwritable, monkeypatch):
-    from fedrapp_app import preflight
+    from fedrapp_app.running import preflight
 
     monkeypatch.setattr(preflight, "preflight", lambda config: pytest.fail("the model and data came first"))
     for output_dir, _ in unwritable:
@@ -370,10 +370,10 @@ def test_a_model_folder_without_weights_is_refused_before_the_start_and_the_test
     .safetensors): the check named the folder fine and the run failed later, loading. Now it is refused at once."""
     import shutil
 
-    import fedrapp_app.preflight as preflight
-    from fedrapp_app.preflight import PreflightError, check_model
+    import fedrapp_app.running.preflight as preflight
+    from fedrapp_app.running.preflight import PreflightError, check_model
 
-    shipped = Path(preflight.__file__).parent / "testbed" / "model"
+    shipped = Path(preflight.__file__).parents[1] / "testbed" / "model"
     bare = tmp_path / "model"
     shutil.copytree(shipped, bare, ignore=shutil.ignore_patterns("*.safetensors"))
     with pytest.raises(PreflightError, match=r"holds no weights \(model.safetensors.*copy the checkpoint's weights"):

@@ -15,14 +15,14 @@ import numpy as np
 import pytest
 
 from fedrapp_app.aggregation import find_rule, make_rule
-from fedrapp_app.catalogue import main as list_main
-from fedrapp_app.checkpoint import ServerCheckpoint
-from fedrapp_app.client import app as client_app
-from fedrapp_app.client import setup
 from fedrapp_app.config import ConfigError, RunConfig
+from fedrapp_app.federation.client import app as client_app
+from fedrapp_app.federation.client import setup
+from fedrapp_app.federation.server import run_server
 from fedrapp_app.methods import find_method, make_method
+from fedrapp_app.plugins.catalogue import main as list_main
+from fedrapp_app.recording.checkpoint import ServerCheckpoint
 from fedrapp_app.report import write_report
-from fedrapp_app.server import run_server
 from fedrapp_app.testbed import world
 from fedrapp_app.testbed.tiny import make_tiny_clip
 
@@ -129,7 +129,7 @@ def test_a_plugins_bad_parameter_is_refused_before_the_start_in_one_message(over
         [
             sys.executable,
             "-m",
-            "fedrapp_app.launch",
+            "fedrapp_app.running.launch",
             str(ROOT),
             "--check",
             "-c",
@@ -268,10 +268,11 @@ def test_a_plugin_is_a_bench_cell_beside_the_built_ins(testbed_tiny, tmp_path):
 
 
 def test_this_projects_own_names_are_its_pyproject_entry_points():
-    """fedrapp_app/builtins.py names what pyproject.toml registers (the docs list those, not a machine's plugins)."""
+    """fedrapp_app/registry/builtins.py names what pyproject.toml registers (the docs list those, not a machine's
+    plugins)."""
     import tomllib
 
-    from fedrapp_app import builtins
+    from fedrapp_app.registry import builtins
 
     points = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["entry-points"]
     assert sorted(points["fedrapp.rules"]) == sorted((*builtins.RULES, *builtins.OPTIONS))

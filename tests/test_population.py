@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from fedrapp_app.config import ConfigError, RunConfig
-from fedrapp_app.population import Population
+from fedrapp_app.federation.population import Population
 from fedrapp_app.testbed import world
 from fedrapp_app.testbed.tiny import make_tiny_clip
 

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from flwr.app import Array, ArrayRecord, MetricRecord, RecordDict
 
-from fedrapp_app.records import (
+from fedrapp_app.federation.records import (
     METRICS,
     PROMPT,
     RejectedReply,

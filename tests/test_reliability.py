@@ -13,12 +13,12 @@ from flwr.clientapp import ClientApp
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from fedrapp_app.client import app as client_app
 from fedrapp_app.config import ConfigError
-from fedrapp_app.inprocess import InProcessGrid
-from fedrapp_app.records import CONFIG, INFO, METRICS, PROMPT, prompt_to_record, record_to_prompt
-from fedrapp_app.server import run_server
-from fedrapp_app.strategy import PersonalizedPromptStrategy
+from fedrapp_app.federation.client import app as client_app
+from fedrapp_app.federation.inprocess import InProcessGrid
+from fedrapp_app.federation.records import CONFIG, INFO, METRICS, PROMPT, prompt_to_record, record_to_prompt
+from fedrapp_app.federation.server import run_server
+from fedrapp_app.federation.strategy import PersonalizedPromptStrategy
 from fedrapp_app.testbed import world
 from fedrapp_app.testbed.tiny import make_tiny_clip
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from fedrapp_app.client import app as client_app
+from fedrapp_app.federation.client import app as client_app
 from fedrapp_app.report import load_run, write_report
 from fedrapp_app.report.tables import client_stats, compare, peer_matrix, same_domain_share, totals, wall_time
 from fedrapp_app.testbed import world
@@ -206,8 +206,8 @@ def test_the_summarys_seconds_cover_the_setup_and_every_round(testbed_tiny_repor
     """The summary's ``seconds`` count from the server's start, as ``setup_seconds`` do: what happens before the
     run's files open (the run-folder check, the lock, counting SuperNodes, a slow git call for the provenance) is
     inside both, so setup + rounds never exceed the total (the report printed a negative rest)."""
-    import fedrapp_app.results as results
-    import fedrapp_app.server as server
+    import fedrapp_app.federation.server as server
+    import fedrapp_app.recording.results as results
 
     def slowly(function):
         def slow(*args, **kwargs):

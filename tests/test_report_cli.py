@@ -319,7 +319,7 @@ def _timed_run(folder: Path, lock_started: float | None, files_opened: float, **
     make_run(folder, rows, {"num-clients": 1}, summary)
     stored = json.loads((folder / "config.json").read_text())
     (folder / "config.json").write_text(json.dumps({**stored, "started": files_opened}))
-    if lock_started is not None:  # fedrapp_app.runlock writes it when the server takes the folder
+    if lock_started is not None:  # fedrapp_app.recording.runlock writes it when the server takes the folder
         (folder / ".lock").write_text(json.dumps({"pid": 1, "host": "h", "started": lock_started}))
     return folder
 

@@ -8,15 +8,15 @@ import numpy as np
 import pytest
 from flwr.app import MetricRecord
 
-from fedrapp_app.calibration import bins_from_metrics, calibration_bins, empty_bins
-from fedrapp_app.client import app as client_app
 from fedrapp_app.config import ConfigError, RunConfig
 from fedrapp_app.data import DataSpec, build_client_stream, clear_caches, client_domains, client_partitions
 from fedrapp_app.data.shift import ShiftPlan, class_order
 from fedrapp_app.data.sources import cached_source
 from fedrapp_app.data.spec import parse_domains, validate_spec
 from fedrapp_app.data.streams import stream_order
-from fedrapp_app.records import METRICS, RejectedReply, parse_outcome
+from fedrapp_app.federation.client import app as client_app
+from fedrapp_app.federation.records import METRICS, RejectedReply, parse_outcome
+from fedrapp_app.metrics.calibration import bins_from_metrics, calibration_bins, empty_bins
 from fedrapp_app.testbed import world
 from fedrapp_app.testbed.tiny import make_tiny_clip
 
@@ -273,7 +273,7 @@ def test_a_reply_whose_domain_counts_do_not_add_up_is_rejected_and_the_round_goe
 
 # ----- switches -----------------------------------------------------------------------------------------------
 def test_recovery_and_forgetting_are_the_hand_computed_ones():
-    from fedrapp_app.switches import Batch, switch_metrics
+    from fedrapp_app.metrics.switches import Batch, switch_metrics
 
     def b(domain: str, right: int) -> Batch:
         return Batch(domain, 10, right)
@@ -294,8 +294,8 @@ def test_recovery_and_forgetting_are_the_hand_computed_ones():
 
 
 def test_the_run_report_shows_calibration_domains_and_the_switches(testbed_tiny, tmp_path):
+    from fedrapp_app.metrics.switches import switch_rounds
     from fedrapp_app.report.page import write_report
-    from fedrapp_app.switches import switch_rounds
 
     config = small_run(testbed_tiny, tmp_path, shift="continual", **{"shift-period": 1, "local-method": "tda"})
     run_federation(config)

@@ -34,14 +34,14 @@ from flwr.proto.runtime_pb2 import AcquireTaskResponse
 from flwr.proto.task_pb2 import Task
 from flwr.supercore.constant import TaskType
 
-from fedrapp_app.client import app as client_app
 from fedrapp_app.deploy import executor as warm_executor
 from fedrapp_app.deploy.pool import WarmPool
 from fedrapp_app.deploy.protocol import Activated, Done, Pulled, Ready, TaskSpec
-from fedrapp_app.inprocess import InProcessGrid
-from fedrapp_app.results import read_rows
-from fedrapp_app.runlock import RESUME_WAIT_SECONDS, RunFolderBusy, holder, run_lock
-from fedrapp_app.server import main as server_main
+from fedrapp_app.federation.client import app as client_app
+from fedrapp_app.federation.inprocess import InProcessGrid
+from fedrapp_app.federation.server import main as server_main
+from fedrapp_app.recording.results import read_rows
+from fedrapp_app.recording.runlock import RESUME_WAIT_SECONDS, RunFolderBusy, holder, run_lock
 from fedrapp_app.testbed import world
 from fedrapp_app.testbed.tiny import make_tiny_clip
 

@@ -10,12 +10,12 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from fedrapp_app.client import METHOD_STATE
 from fedrapp_app.engine import PromptedCLIP
+from fedrapp_app.federation.client import METHOD_STATE
+from fedrapp_app.federation.records import record_to_arrays
 from fedrapp_app.methods import PluginError, find_method, make_method, method_params
 from fedrapp_app.methods.tda import TDA, ClassCache, cache_logits
 from fedrapp_app.methods.zero import zero_prediction
-from fedrapp_app.records import record_to_arrays
 from fedrapp_app.testbed import world
 from fedrapp_app.testbed.tiny import make_tiny_clip
 

@@ -98,9 +98,9 @@ def checkpoint_digests(run_dir: Path) -> dict[str, dict[str, Any]]:
 
 def run_cell(config: dict[str, Any], out_dir: Path) -> dict[str, Any]:
     """Run one cell in-process (the real ServerApp body, strategy and ClientApp); its rows and digests."""
-    from fedrapp_app.client import app as client_app
-    from fedrapp_app.inprocess import InProcessGrid
-    from fedrapp_app.server import run_server
+    from fedrapp_app.federation.client import app as client_app
+    from fedrapp_app.federation.inprocess import InProcessGrid
+    from fedrapp_app.federation.server import run_server
 
     config = {**config, "output-dir": str(out_dir), "run-name": "cell"}
     summary = run_server(InProcessGrid(client_app, int(config["num-clients"]), config), config)

@@ -14,7 +14,6 @@ from typing import Any
 
 from numpy.typing import ArrayLike
 
-from fedrapp_app import builtins, plugins
 from fedrapp_app.aggregation.baselines import (
     FedAMPCosParams,
     FedAMPParams,
@@ -56,8 +55,9 @@ from fedrapp_app.aggregation.robust import (
     krum_round,
 )
 from fedrapp_app.aggregation.trust import TrustParams, trusted_round
-from fedrapp_app.parameters import build_params
-from fedrapp_app.plugins import Found, PluginError
+from fedrapp_app.registry import builtins, entry_points
+from fedrapp_app.registry.entry_points import Found, PluginError
+from fedrapp_app.registry.parameters import build_params
 
 __all__ = [
     "ABLATIONS",
@@ -110,9 +110,9 @@ __all__ = [
 
 def find_rule(name: str) -> Found:
     """The registered rule ``name`` (entry-point group ``fedrapp.rules``) or a ``module:attribute`` reference, as
-    a :class:`~fedrapp_app.plugins.Found` whose ``target`` is a :class:`Rule` (a bare round function is taken as
-    a rule without parameters). Raises ``PluginError`` naming the plugin and the fix."""
-    found = plugins.find(plugins.RULES, name)
+    a :class:`~fedrapp_app.registry.entry_points.Found` whose ``target`` is a :class:`Rule` (a bare round function is
+    taken as a rule without parameters). Raises ``PluginError`` naming the plugin and the fix."""
+    found = entry_points.find(entry_points.RULES, name)
     target = found.target
     if not isinstance(target, Rule):
         if not callable(target):
@@ -126,7 +126,7 @@ def find_rule(name: str) -> Found:
 
 def rules() -> dict[str, Rule]:
     """Every registered rule by name (built-ins and installed plugins), loaded."""
-    return {name: find_rule(name).target for name in plugins.names(plugins.RULES)}
+    return {name: find_rule(name).target for name in entry_points.names(entry_points.RULES)}
 
 
 #: The rules registered by this project (its pyproject.toml's entry points).

@@ -46,7 +46,7 @@ from tqdm import tqdm
 from fedrapp_app.bench.rows import make_failed_row, make_row, read_rows, write_rows, write_text_atomic
 from fedrapp_app.bench.schema import BenchError, BenchSpec, Cell, irrelevant_keys
 from fedrapp_app.config import DEFAULTS, ConfigError, RunConfig
-from fedrapp_app.results import git_state
+from fedrapp_app.recording.results import git_state
 
 log = logging.getLogger("fedrapp.bench")
 
@@ -154,12 +154,12 @@ def run_cell(
     (``resume = true``: the same results as an uninterrupted run); a checkpoint of a run with other
     settings is overwritten by a fresh run.
     """
-    from fedrapp_app.checkpoint import SERVER_FILE
-    from fedrapp_app.client import app as client_app
     from fedrapp_app.config import RunConfig
     from fedrapp_app.data import client_domains
-    from fedrapp_app.inprocess import InProcessGrid
-    from fedrapp_app.server import run_server
+    from fedrapp_app.federation.client import app as client_app
+    from fedrapp_app.federation.inprocess import InProcessGrid
+    from fedrapp_app.federation.server import run_server
+    from fedrapp_app.recording.checkpoint import SERVER_FILE
 
     resume = (Path(runs_dir) / cell_id / SERVER_FILE).is_file()
     config = {**overrides, "output-dir": str(runs_dir), "run-name": cell_id, "resume": resume}

@@ -12,7 +12,7 @@ the SuperLink's own process only, leaving its ServerApp to notice), and a run ca
 submitted without waiting for it (``submit``): the chaos tests and ``benchmarks/chaos.py`` use that.
 
 Every process gets its own session and is stopped by process group on exit; the environment also carries a
-launch mark (``fedrapp_app.processes``), so anything that escaped its group is found and stopped too.
+launch mark (``fedrapp_app.running.processes``), so anything that escaped its group is found and stopped too.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ import uuid
 from pathlib import Path
 from typing import Any, Literal
 
-from fedrapp_app.launch import (
+from fedrapp_app.running.launch import (
     contained_env,
     free_port,
     run_status,
@@ -37,7 +37,7 @@ from fedrapp_app.launch import (
     wait_healthy,
     write_connection,
 )
-from fedrapp_app.processes import LAUNCH_ID_ENV, stat_fields, stop_marked
+from fedrapp_app.running.processes import LAUNCH_ID_ENV, stat_fields, stop_marked
 
 Executor = Literal["stock", "warm"]
 CONNECTION = "loopback"

@@ -1,6 +1,6 @@
 """What the worker server imports once, before it forks a worker per run (the libraries a round needs).
 
-Only third-party libraries and the worker itself: the app's own modules (``fedrapp_app.client`` and what it
+Only third-party libraries and the worker itself: the app's own modules (``fedrapp_app.federation.client`` and what it
 imports, the FAB's ``client_app``) are imported fresh in each run's worker, so a reinstalled app takes
 effect from the next run, as with Flower's per-task processes. Importing these runs no computation: no
 thread pool or device is started before the fork.

@@ -1,5 +1,5 @@
 """Local test-time methods behind one interface (SPEC §3), found by name in the entry-point group
-``fedrapp.methods`` (the built-ins and plugins alike; ``fedrapp_app.plugins``).
+``fedrapp.methods`` (the built-ins and plugins alike; ``fedrapp_app.registry``).
 
 This module imports no torch: the run config's checks look methods up and check their parameters before
 anything heavy; :func:`make_method` imports the implementing class when a client builds the method. The classes
@@ -12,7 +12,6 @@ import importlib
 from collections.abc import Mapping
 from typing import Any
 
-from fedrapp_app import builtins, plugins
 from fedrapp_app.methods.params import (
     AdaPromptParams,
     IMParams,
@@ -23,8 +22,9 @@ from fedrapp_app.methods.params import (
     ZeroShotParams,
     stacked_spec,
 )
-from fedrapp_app.parameters import build_params
-from fedrapp_app.plugins import Found, PluginError
+from fedrapp_app.registry import builtins, entry_points
+from fedrapp_app.registry.entry_points import Found, PluginError
+from fedrapp_app.registry.parameters import build_params
 
 #: The methods registered by this project (its pyproject.toml's entry points).
 BUILT_IN = builtins.METHODS
@@ -32,11 +32,11 @@ BUILT_IN = builtins.METHODS
 
 def find_method(name: str) -> Found:
     """The registered local method ``name`` or a ``module:Class`` reference, as a
-    :class:`~fedrapp_app.plugins.Found` whose ``target`` is a :class:`MethodSpec` (a LocalMethod subclass is
-    taken with its ``Params`` attribute). Raises ``PluginError`` naming the plugin and the fix."""
+    :class:`~fedrapp_app.registry.entry_points.Found` whose ``target`` is a :class:`MethodSpec` (a LocalMethod
+    subclass is taken with its ``Params`` attribute). Raises ``PluginError`` naming the plugin and the fix."""
     if "+" in name:
         return _stacked(name)
-    found = plugins.find(plugins.METHODS, name)
+    found = entry_points.find(entry_points.METHODS, name)
     target = found.target
     if not isinstance(target, MethodSpec):
         params = getattr(target, "Params", None)
@@ -70,7 +70,7 @@ def _stacked(name: str) -> Found:
 
 def methods() -> dict[str, MethodSpec]:
     """Every registered method by name (built-ins and installed plugins)."""
-    return {name: find_method(name).target for name in plugins.names(plugins.METHODS)}
+    return {name: find_method(name).target for name in entry_points.names(entry_points.METHODS)}
 
 
 def method_params(name: str, params: Mapping[str, Any] | None = None, **overrides: Any) -> Any:

@@ -39,6 +39,7 @@ from matplotlib.ticker import MaxNLocator  # noqa: E402
 from fedrapp_app.bench.personalization import save_small_png  # noqa: E402
 from fedrapp_app.bench.plots import fedrapp_figure  # noqa: E402
 from fedrapp_app.bench.stats import round_curve  # noqa: E402
+from fedrapp_app.metrics.switches import switch_rounds  # noqa: E402
 from fedrapp_app.report.runs import Run  # noqa: E402
 from fedrapp_app.report.tables import (  # noqa: E402
     NOT_SAMPLED,
@@ -50,7 +51,6 @@ from fedrapp_app.report.tables import (  # noqa: E402
     domain_order,
     status_grid,
 )
-from fedrapp_app.switches import switch_rounds  # noqa: E402
 
 #: Colours of the row statuses (a status this version does not know is drawn black).
 STATUS_COLORS = {

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from fedrapp_app.bench.rows import write_text_atomic
+from fedrapp_app.recording.results import outcome_summary
 from fedrapp_app.report import figures
 from fedrapp_app.report.runs import ROUNDS_FILE, Run, RunError, load_run
 from fedrapp_app.report.tables import (
@@ -43,7 +44,6 @@ from fedrapp_app.report.tables import (
     totals,
     wall_time,
 )
-from fedrapp_app.results import outcome_summary
 
 REPORT_FILE = "report.md"
 #: At most this many failed/rejected/missing/skipped rows are listed one by one.

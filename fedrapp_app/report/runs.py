@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from fedrapp_app.config import DATA_KEYS, DEFAULTS
-from fedrapp_app.runlock import LOCK_FILE
+from fedrapp_app.recording.runlock import LOCK_FILE
 
 CONFIG_FILE = "config.json"
 ROUNDS_FILE = "rounds.jsonl"
@@ -131,8 +131,8 @@ def _read_json(path: Path, what: str) -> dict[str, Any]:
 
 
 def _lock_started(path: Path) -> float | None:
-    """``started`` of the run folder's lock file (``fedrapp_app.runlock``), None when it is absent or unreadable
-    (a copied folder may lack it: it is only used to split the wall time)."""
+    """``started`` of the run folder's lock file (``fedrapp_app.recording.runlock``), None when it is absent or
+    unreadable (a copied folder may lack it: it is only used to split the wall time)."""
     try:
         started = json.loads((path / LOCK_FILE).read_text() or "{}").get("started")
     except (OSError, ValueError, AttributeError):

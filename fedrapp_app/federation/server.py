@@ -18,14 +18,15 @@ import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Context
 from flwr.serverapp import Grid, ServerApp
 
-from fedrapp_app.checkpoint import CLIENT_STATE_DIR, SERVER_FILE, ServerCheckpoint, new_run_token
 from fedrapp_app.config import RESUMABLE_KEYS, ConfigError, RunConfig
-from fedrapp_app.errors import describe
+from fedrapp_app.federation.errors import describe
+from fedrapp_app.federation.population import Population
+from fedrapp_app.federation.records import OUTCOME_METRICS, Outcome
+from fedrapp_app.federation.strategy import ClientRow, PersonalizedPromptStrategy, RoundReport, count_nodes
 from fedrapp_app.methods import find_method
-from fedrapp_app.records import OUTCOME_METRICS, Outcome
-from fedrapp_app.results import RunRecorder, unscored_samples
-from fedrapp_app.runlock import RESUME_WAIT_SECONDS, check_writable, release_on_signal, run_lock
-from fedrapp_app.strategy import ClientRow, PersonalizedPromptStrategy, RoundReport, count_nodes
+from fedrapp_app.recording.checkpoint import CLIENT_STATE_DIR, SERVER_FILE, ServerCheckpoint, new_run_token
+from fedrapp_app.recording.results import RunRecorder, unscored_samples
+from fedrapp_app.recording.runlock import RESUME_WAIT_SECONDS, check_writable, release_on_signal, run_lock
 
 log = logging.getLogger("flwr.fedrapp")
 
@@ -183,7 +184,7 @@ def run_server(
 
     The server state is checkpointed after every round; ``resume = true`` continues from the checkpoint.
     ``on_round(round, strategy)`` is called after each round (tests and the benchmark runner observe the
-    server state through it). The run folder is locked while the run writes it (``fedrapp_app.runlock``); a
+    server state through it). The run folder is locked while the run writes it (``fedrapp_app.recording.runlock``); a
     run that fails or is stopped leaves a ``summary.json`` that says so.
     """
     config = RunConfig.from_run_config(run_config)  # fails here, before anything heavy, on a bad config
@@ -240,7 +241,7 @@ def _run_rounds(
         node_wait_timeout=float(config["node-wait-timeout"]),
         seed=int(config["seed"]),
         max_norm_ratio=float(config["max-norm-ratio"]),
-        population=config.population(),
+        population=Population.of(config),
         client_config={
             "run-token": token,
             "state-dir": str(recorder.run_dir / CLIENT_STATE_DIR),

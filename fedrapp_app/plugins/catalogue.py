@@ -12,8 +12,8 @@ import dataclasses
 import sys
 from collections.abc import Callable, Mapping
 
-from fedrapp_app import plugins
 from fedrapp_app.config import METHOD_KEYS, RULE_KEYS
+from fedrapp_app.registry import entry_points
 
 #: What ``Rule.newcomer`` means, as fedrapp-list says it (docs/shift.md#populations).
 NEWCOMER_TEXT = {
@@ -43,10 +43,10 @@ def _parameters(params: type, own_keys: Mapping[str, str], other_key: str) -> li
 
 def _section(title: str, group: str, find: Callable, keys: Mapping[str, Mapping[str, str]], other_key: str) -> str:
     out = [f"{title} (entry-point group {group}):"]
-    for name in plugins.names(group):
+    for name in entry_points.names(group):
         try:
             found = find(name)
-        except plugins.PluginError as err:
+        except entry_points.PluginError as err:
             out += [f"  {name}", f"      FAILED TO LOAD: {err}"]
             continue
         target = found.target
@@ -68,10 +68,12 @@ def main(argv: list[str] | None = None) -> int:
 
     sections = []
     if args.what in (None, "rules"):
-        sections.append(_section("Server rules (strategy = NAME)", plugins.RULES, find_rule, RULE_KEYS, "rule-params"))
+        sections.append(
+            _section("Server rules (strategy = NAME)", entry_points.RULES, find_rule, RULE_KEYS, "rule-params")
+        )
     if args.what in (None, "methods"):
         title = "Local methods (local-method = NAME)"
-        sections.append(_section(title, plugins.METHODS, find_method, METHOD_KEYS, "method-params"))
+        sections.append(_section(title, entry_points.METHODS, find_method, METHOD_KEYS, "method-params"))
     print("\n\n".join(sections))
     if args.what in (None, "methods"):
         from fedrapp_app.methods import methods

@@ -26,7 +26,7 @@ from fedrapp_app.config import ConfigError, RunConfig, override_hint
 
 #: Seconds to wait for a TCP connection to the Hub before calling it unreachable.
 HUB_PROBE_SECONDS = 3.0
-_TESTBED_MODEL = Path(__file__).resolve().parent / "testbed" / "model"
+_TESTBED_MODEL = Path(__file__).resolve().parents[1] / "testbed" / "model"
 
 
 class PreflightError(ValueError):

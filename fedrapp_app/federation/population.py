@@ -15,8 +15,12 @@ run never reached are reported as unscored with the reason (docs/failures.md).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from fedrapp_app.config import RunConfig
 
 _DROPS = 401  # SeedSequence key of the per-round drop draws (distinct from the other seeded draws)
 
@@ -39,6 +43,15 @@ class Population:
                 f"late-clients={self.late_clients} + held-out-clients={self.held_out_clients} leave no client of the "
                 f"{self.num_clients} that takes part from round 1 (fix: lower them to a sum below num-clients)"
             )
+
+    @classmethod
+    def of(cls, config: RunConfig) -> Population:
+        """The population a validated config asks for (its num-clients resolved)."""
+        v = config.values
+        return cls(
+            config.num_clients, int(v["late-clients"]), int(v["late-round"]), float(v["drop-rate"]),
+            int(v["held-out-clients"]), int(v["held-out-every"]), int(v["seed"]),
+        )  # fmt: skip
 
     @property
     def is_default(self) -> bool:

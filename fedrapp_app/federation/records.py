@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 import numpy as np
 from flwr.app import Array, ArrayRecord, RecordDict
 
-from fedrapp_app.calibration import Bins, bins_from_metrics
+from fedrapp_app.metrics.calibration import Bins, bins_from_metrics
 
 PROMPT = "prompt"
 METRICS = "metrics"

@@ -28,17 +28,13 @@ from flwr.app import ArrayRecord, ConfigRecord, Context, Error, Message, MetricR
 from flwr.clientapp import ClientApp
 from flwr.common.constant import ErrorCode
 
-from fedrapp_app.attacks import poisoned_upload
-from fedrapp_app.calibration import calibration_bins
-from fedrapp_app.checkpoint import load_client_snapshot, save_client_snapshot
 from fedrapp_app.config import ConfigError, RunConfig, attack_clients
 from fedrapp_app.data import ClientStream, StreamBatch, build_client_stream
 from fedrapp_app.engine import PromptedCLIP, load_clip
 from fedrapp_app.engine.devices import current_device_description, device_for_node, set_deterministic
-from fedrapp_app.errors import describe
-from fedrapp_app.methods import LocalMethod, make_method
-from fedrapp_app.methods.base import Adaptation
-from fedrapp_app.records import (
+from fedrapp_app.federation.attacks import poisoned_upload
+from fedrapp_app.federation.errors import describe
+from fedrapp_app.federation.records import (
     CONFIG,
     INFO,
     METRICS,
@@ -50,6 +46,10 @@ from fedrapp_app.records import (
     record_to_arrays,
     record_to_prompt,
 )
+from fedrapp_app.methods import LocalMethod, make_method
+from fedrapp_app.methods.base import Adaptation
+from fedrapp_app.metrics.calibration import calibration_bins
+from fedrapp_app.recording.checkpoint import load_client_snapshot, save_client_snapshot
 
 STREAM_STATE = "fedrapp-stream"
 METHOD_STATE = "fedrapp-method"

@@ -1,4 +1,4 @@
-"""The run config's documents, written from ``config.KEYS``: the README's table of everyday keys,
+"""The run config's documents, written from the groups' keys (``schema.KEYS``): the README's table of everyday keys,
 docs/configuration.md (every key, by group) and ``pyproject.toml``'s ``[tool.flwr.app.config]`` block.
 
     python -m fedrapp_app.config --sync        # rewrite all three (after adding or changing a key)
@@ -12,16 +12,8 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from fedrapp_app.config import EVERYDAY, GROUPS, KEYS, Key, Scalar
-
-
-def toml_literal(value: Scalar) -> str:
-    """A default as it appears in pyproject.toml and the README."""
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, str):
-        return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
-    return repr(value)
+from fedrapp_app.config.keys import Key, toml_literal
+from fedrapp_app.config.schema import EVERYDAY, GROUPS, KEYS
 
 
 def markdown_table(keys: tuple[Key, ...] | None = None) -> str:
@@ -38,7 +30,7 @@ def reference_page() -> str:
     parts = [
         "# Configuration reference",
         "",
-        "<!-- Generated from fedrapp_app/config.py by `python -m fedrapp_app.config --sync`; do not edit. -->",
+        "<!-- Generated from fedrapp_app/config/ by `python -m fedrapp_app.config --sync`; do not edit. -->",
         "",
         "Every key of a run, by group. The keys in **bold** are the everyday ones: the README shows them and "
         "`pyproject.toml` lists them first, with their meaning; the others follow there without comments. All of "
@@ -49,7 +41,8 @@ def reference_page() -> str:
         "keys that contradict each other fail before any model or data is loaded, with one message naming the "
         "key and the fix.",
         "",
-        "A developer who adds or changes a key edits `KEYS` in `fedrapp_app/config.py` and runs "
+        "A developer who adds or changes a key edits its group's module in `fedrapp_app/config/` (`run.py`, "
+        "`data.py`, ...: the key, its default, range and meaning, and the checks that involve it) and runs "
         "`python -m fedrapp_app.config --sync`, which rewrites this page, the README's table and "
         "`pyproject.toml`'s block (a test checks that the three agree with the code).",
         "",
@@ -102,6 +95,6 @@ def sync_docs(root: Path) -> None:
 def main() -> None:
     """``--sync`` rewrites the three documents; else print the README's table (``--pyproject``: the block)."""
     if "--sync" in sys.argv:
-        sync_docs(Path(__file__).resolve().parent.parent)
+        sync_docs(Path(__file__).resolve().parents[2])
     else:
         print(pyproject_block() if "--pyproject" in sys.argv else markdown_table())

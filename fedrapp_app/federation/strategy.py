@@ -7,8 +7,9 @@ Client contract (what the ClientApp must honour):
   adapt from P on the next batch of the stream and reply ``{"prompt": P~, "metrics": {client-id, h-pre, h-post,
   num-examples, remaining-batches, stream-position, skipped, ...reporting}}``; ``{"metrics": {client-id,
   skipped-batch: 1, ...}}`` when no sample of the batch could be decoded; ``{"metrics": {client-id,
-  exhausted: 1}}`` when the stream ended. A failure is an error reply (``fedrapp_app.errors.describe``). A train
-  message may also hold ``"probe"``, a second prompt the rule asks the client to score (FedRAPP's trust probe).
+  exhausted: 1}}`` when the stream ended. A failure is an error reply
+  (``fedrapp_app.federation.errors.describe``). A train message may also hold ``"probe"``, a second prompt the
+  rule asks the client to score (FedRAPP's trust probe).
 
 ``num-clients = 0`` means one client per SuperNode: the ServerApp counts the connected nodes first
 (``count_nodes``); the strategy sends that number with every message.
@@ -33,10 +34,9 @@ from flwr.serverapp.strategy import Strategy
 from fedrapp_app.aggregation import check_output, make_rule
 from fedrapp_app.aggregation.common import PROBE as PROBE_STATE
 from fedrapp_app.aggregation.common import RoundOutput
-from fedrapp_app.checkpoint import ServerCheckpoint
-from fedrapp_app.errors import clean_reason, describe
-from fedrapp_app.population import Population, newcomer_prompt
-from fedrapp_app.records import (
+from fedrapp_app.federation.errors import clean_reason, describe
+from fedrapp_app.federation.population import Population, newcomer_prompt
+from fedrapp_app.federation.records import (
     CONFIG,
     INFO,
     METRICS,
@@ -54,6 +54,7 @@ from fedrapp_app.records import (
     record_to_prompt,
     unflatten,
 )
+from fedrapp_app.recording.checkpoint import ServerCheckpoint
 
 log = logging.getLogger("flwr.fedrapp.strategy")
 
@@ -379,7 +380,7 @@ class PersonalizedPromptStrategy(Strategy):
 
     # ---------------------------------------------------------------- checkpoints
     def checkpoint(self, token: str, config: dict) -> ServerCheckpoint:
-        """The whole server state after the last round (see ``fedrapp_app.checkpoint``)."""
+        """The whole server state after the last round (see ``fedrapp_app.recording.checkpoint``)."""
         st = self.state
         return ServerCheckpoint(
             st.round,

@@ -44,9 +44,9 @@ from pathlib import Path
 from typing import Any
 
 from fedrapp_app.config import KEY_BY_NAME, ConfigError, RunConfig, override_hint
-from fedrapp_app.errors import strip_ansi
-from fedrapp_app.processes import LAUNCH_ID_ENV, describe_process, marked_pids, stop_marked
-from fedrapp_app.runlock import LAUNCHER_PID_ENV, RunFolderBusy, check_free, check_writable
+from fedrapp_app.federation.errors import strip_ansi
+from fedrapp_app.recording.runlock import LAUNCHER_PID_ENV, RunFolderBusy, check_free, check_writable
+from fedrapp_app.running.processes import LAUNCH_ID_ENV, describe_process, marked_pids, stop_marked
 
 #: Prefix of the connection each launch adds to ``$FLWR_HOME/config.toml`` (``fedrapp-sim-<port>``: two launches
 #: sharing a Flower home never use each other's SuperLink), removed again when the launch ends.
@@ -441,9 +441,9 @@ def prepare(args: argparse.Namespace, app_dir: Path) -> tuple[dict, RunConfig, P
     Returns (merged overrides, config with num-clients resolved, run folder). Raises ``ConfigError``,
     ``PreflightError``, ``RunFolderBusy`` or ``FileNotFoundError`` with a message for the user.
     """
-    from fedrapp_app.checkpoint import SERVER_FILE
-    from fedrapp_app.preflight import preflight
-    from fedrapp_app.server import finished_already, run_dir_of
+    from fedrapp_app.federation.server import finished_already, run_dir_of
+    from fedrapp_app.recording.checkpoint import SERVER_FILE
+    from fedrapp_app.running.preflight import preflight
 
     values = app_overrides(app_dir, args.run_config)
     config = RunConfig.from_run_config(values)
@@ -480,8 +480,8 @@ def main(argv: list[str] | None = None) -> int:
     app_dir = Path(args.app).expanduser().resolve()
     if not (app_dir / "pyproject.toml").is_file():
         parser.error(f"{app_dir} holds no pyproject.toml: pass the FedRAPP app folder")
-    from fedrapp_app.preflight import PreflightError
-    from fedrapp_app.server import finished_already
+    from fedrapp_app.federation.server import finished_already
+    from fedrapp_app.running.preflight import PreflightError
 
     try:
         values, config, run_dir = prepare(args, app_dir)
@@ -573,7 +573,7 @@ def launch(args: argparse.Namespace, app_dir: Path, values: dict, config: RunCon
         print(f"\nfedrapp-sim: {why}: stopping the run and every process it started ...", file=sys.stderr, flush=True)
         _stop_everything(launch_id, neutral)
         message = _interrupted_message(args, run_dir)
-        from fedrapp_app.server import mark_interrupted
+        from fedrapp_app.federation.server import mark_interrupted
 
         try:  # the folder says so too; the run's checkpoint is safe either way
             mark_interrupted(run_dir, f"stopped by {why}; {message.split(': ', 1)[-1]}")
@@ -618,7 +618,7 @@ def _stop_everything(launch_id: str, neutral: Path) -> None:
 
 
 def _interrupted_message(args: argparse.Namespace, run_dir: Path) -> str:
-    from fedrapp_app.checkpoint import SERVER_FILE, ServerCheckpoint
+    from fedrapp_app.recording.checkpoint import SERVER_FILE, ServerCheckpoint
 
     if not (run_dir / SERVER_FILE).is_file():
         return "stopped before the first round ended; nothing to resume: start it again"
@@ -681,7 +681,7 @@ def _write_report(run_dir: Path) -> None:
 
 def _print_client_errors(run_dir: Path) -> None:
     """Each distinct client error of the run once, with the clients and rounds it hit."""
-    from fedrapp_app.results import read_rows
+    from fedrapp_app.recording.results import read_rows
 
     path = run_dir / "rounds.jsonl"
     if not path.is_file():

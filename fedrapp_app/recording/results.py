@@ -23,8 +23,8 @@ from typing import Any
 
 import numpy as np
 
-from fedrapp_app.calibration import Bins
-from fedrapp_app.switches import Batch, switch_metrics
+from fedrapp_app.metrics.calibration import Bins
+from fedrapp_app.metrics.switches import Batch, switch_metrics
 
 log = logging.getLogger("fedrapp.results")
 
@@ -43,7 +43,7 @@ def provenance() -> dict[str, Any]:
         "versions": versions,
         "python": sys.version.split()[0],
         "platform": platform.platform(),
-        "git": git_state(Path(__file__).resolve().parent),
+        "git": git_state(Path(__file__).resolve().parents[1]),  # the fedrapp_app package
     }
 
 
