@@ -768,3 +768,38 @@ def test_a_grid_run_in_this_process_leaves_its_loggers_and_threads_as_it_found_t
     BenchRunner(parse_bench(two_cells(tiny_model, tmp_path / "bench"))).run(progress=False)
     assert {name: logging.getLogger(name).level for name in grid_module.QUIET} == levels
     assert torch.get_num_threads() == threads
+
+
+# ------------------------------------------------------------------------------- reuse across cells
+def test_cells_reuse_batches_and_tower_outputs_with_the_same_rows(tiny_model, tmp_path, monkeypatch):
+    """The bench keeps a setting's batches and image-tower outputs for its next cells (engine.reuse): the second
+    cell of the same streams runs the tower on nothing new, and its rows equal a cell run with reuse off."""
+    from fedrapp_app.engine import reuse
+
+    def rows(cell_id: str, strategy: str) -> list[dict]:
+        result = grid_module.run_cell({**tiny_base(tiny_model), "strategy": strategy}, cell_id, tmp_path)
+        timing = ("seconds", "client_metrics")
+        return [{k: v for k, v in row.items() if not k.endswith(timing)} for row in result.rounds]
+
+    monkeypatch.setattr(grid_module, "REUSE_ENTRIES", 0)
+    fresh = rows("fresh", "fedavg")
+    monkeypatch.setattr(grid_module, "REUSE_ENTRIES", 64)
+    reuse.forget()  # what earlier tests' cells left
+    monkeypatch.setattr(reuse, "kept", _count_misses(reuse.kept, misses := []))
+    rows("first", "none-fed")
+    first_misses = len(misses)
+    reused = rows("second", "fedavg")
+    assert reused == fresh
+    assert first_misses > 0 and len(misses) == first_misses  # the second cell computed nothing again
+    assert not reuse.enabled()  # off again after the cell
+
+
+def _count_misses(kept, misses: list):
+    def counting(key, compute):
+        def computed():
+            misses.append(key)
+            return compute()
+
+        return kept(key, computed)
+
+    return counting

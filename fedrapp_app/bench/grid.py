@@ -142,6 +142,12 @@ def set_threads(threads: int | None) -> None:
         torch.set_num_threads(threads)
 
 
+#: Batches and image-tower outputs a worker process keeps for its next cells (``engine.reuse``): a testbed setting
+#: and seed has 80 batches of each (about 0.2 MB a rendered batch, a few KB of features), so 1024 hold a setting's
+#: three seeds, which the grid runs one after the other.
+REUSE_ENTRIES = 1024
+
+
 def run_cell(
     overrides: Mapping[str, Any],
     cell_id: str,
@@ -156,6 +162,7 @@ def run_cell(
     """
     from fedrapp_app.config import RunConfig
     from fedrapp_app.data import client_domains
+    from fedrapp_app.engine import reuse
     from fedrapp_app.federation.client import app as client_app
     from fedrapp_app.federation.inprocess import InProcessGrid
     from fedrapp_app.federation.server import run_server
@@ -165,16 +172,17 @@ def run_cell(
     config = {**overrides, "output-dir": str(runs_dir), "run-name": cell_id, "resume": resume}
     validated = RunConfig.from_run_config(config)
     start = time.perf_counter()
-    grid = InProcessGrid(client_app, int(validated["num-clients"]), config)
-    try:
-        summary = run_server(grid, config, on_round=on_round)
-    except ConfigError as err:  # the config was valid above: the checkpoint is of another run
-        if not resume:
-            raise
-        log.warning("cell %s: its checkpoint cannot be resumed (%s); running it from the start", cell_id, err)
-        config["resume"] = False
+    with reuse.on(REUSE_ENTRIES):  # the cells of a setting and seed see the same batches: render and embed once
         grid = InProcessGrid(client_app, int(validated["num-clients"]), config)
-        summary = run_server(grid, config, on_round=on_round)
+        try:
+            summary = run_server(grid, config, on_round=on_round)
+        except ConfigError as err:  # the config was valid above: the checkpoint is of another run
+            if not resume:
+                raise
+            log.warning("cell %s: its checkpoint cannot be resumed (%s); running it from the start", cell_id, err)
+            config["resume"] = False
+            grid = InProcessGrid(client_app, int(validated["num-clients"]), config)
+            summary = run_server(grid, config, on_round=on_round)
     seconds = time.perf_counter() - start
     run_dir = Path(summary["run_dir"])
     rounds = [json.loads(line) for line in (run_dir / "rounds.jsonl").read_text().splitlines() if line]

@@ -27,6 +27,7 @@ from fedrapp_app.data.shift import Domain, ShiftPlan, class_order
 from fedrapp_app.data.sources import Source, cached_source, clear_source_cache
 from fedrapp_app.data.sources.testbed import TestbedSource
 from fedrapp_app.data.spec import DataSpec, domain_label, parse_domains, validate_spec, without_stream_fields
+from fedrapp_app.engine import reuse
 
 _STREAM_ORDER = 201  # SeedSequence key of the stream orders (distinct from the testbed pool's keys)
 _STREAM_TOKENS = itertools.count()
@@ -161,17 +162,27 @@ class ClientStream:
         )
 
     def batch(self, position: int) -> StreamBatch:
-        """Batch ``position`` of the stream (taken from a prefetch if one was started)."""
-        pending = PREFETCHER.take((self._token, int(position))) if isinstance(position, (int, np.integer)) else None
-        return pending.result() if pending is not None else self._load(position)
+        """Batch ``position`` of the stream (taken from a prefetch if one was started; kept for the next run of the
+        process where the bench runner turned reuse on: ``engine.reuse``)."""
+        if not isinstance(position, (int, np.integer)) or isinstance(position, bool):
+            return self._load(position)  # indices_at refuses it, naming the stream
+
+        def fetch() -> StreamBatch:
+            pending = PREFETCHER.take((self._token, int(position)))
+            return pending.result() if pending is not None else self._load(position)
+
+        return reuse.kept(self._reuse_key(position), fetch)
 
     def prefetch(self, position: int) -> None:
-        """Start decoding batch ``position`` in the background (no-op past the end or if already started).
+        """Start decoding batch ``position`` in the background (no-op past the end, if already started or kept).
 
         The process's one prefetcher (``fedrapp_app.data.prefetch``) bounds what waits and stops when the
         batches it prepares go unused."""
-        if 0 <= position < self.num_batches:
+        if 0 <= position < self.num_batches and not reuse.holds(self._reuse_key(position)):
             PREFETCHER.submit((self._token, position), lambda: self._load(position))
+
+    def _reuse_key(self, position: int) -> tuple:
+        return "stream-batch", self._token, int(position)
 
     def iter_batches(self, start: int = 0) -> Iterator[StreamBatch]:
         """Batches ``start``, ``start + 1``, ... to the end, decoding the next one while the caller works."""

