@@ -10,7 +10,7 @@ from flwr.app import MetricRecord
 
 from fedrapp_app.config import ConfigError, RunConfig
 from fedrapp_app.data import DataSpec, build_client_stream, clear_caches, client_domains, client_partitions
-from fedrapp_app.data.shift import ShiftPlan, class_order
+from fedrapp_app.data.shift import ShiftPlan, class_order, dirichlet_order
 from fedrapp_app.data.sources import cached_source
 from fedrapp_app.data.spec import parse_domains, validate_spec
 from fedrapp_app.data.streams import stream_order
@@ -143,7 +143,59 @@ def test_a_class_ordered_stream_is_the_same_partition_class_after_class():
         assert sorted(stream.order.tolist()) == client_partitions(spec)[client].tolist()
         ordered = labels[stream.order]
         assert int((np.diff(ordered) != 0).sum()) == len(np.unique(ordered)) - 1
-    assert np.array_equal(build_client_stream(spec, 0).order, stream_order(client_partitions(spec)[0], 0, 0, labels))
+    expected = stream_order(client_partitions(spec)[0], 0, 0, labels, "class")
+    assert np.array_equal(build_client_stream(spec, 0).order, expected)
+
+
+def test_per_client_switch_times_are_each_clients_own_and_seeded():
+    """shift-times='per-client': every client switches at its own seeded times (a phase of its own in the period,
+    or random switches of its own), so a switch is seen by some clients and not by the others."""
+    periodic = ShiftPlan("continual", DOMAINS, period=4, seed=3, times="per-client")
+    steps = np.stack([periodic.steps(40, client) for client in range(8)])  # [clients, positions]
+    assert (steps[:, 0] == 0).all() and set(np.diff(steps, axis=1).ravel().tolist()) == {0, 1}
+    for row in steps:  # every period batches, after a first step 1..period batches in
+        first = int(np.argmax(row > 0))
+        assert 1 <= first <= 4 and np.array_equal(np.flatnonzero(np.diff(row)) + 1, np.arange(first, 40, 4))
+    assert len({int(np.argmax(row > 0)) for row in steps}) > 1  # not all at the same batch
+    assert np.array_equal(steps[2], ShiftPlan("continual", DOMAINS, period=4, seed=3, times="per-client").steps(40, 2))
+    shared = ShiftPlan("continual", DOMAINS, period=4, seed=3)
+    assert all(np.array_equal(shared.steps(40, client), shared.steps(40)) for client in range(8))
+
+    random_times = ShiftPlan("continual", DOMAINS, rate=0.3, seed=5, times="per-client")
+    draws = [random_times.steps(200, client) for client in range(4)]
+    assert all(d[0] == 0 and 0.2 < d[-1] / 199 < 0.4 for d in draws)
+    assert not np.array_equal(draws[0], draws[1])
+    assert np.array_equal(draws[1], ShiftPlan("continual", DOMAINS, rate=0.3, seed=5, times="per-client").steps(200, 1))
+
+
+def test_per_client_switch_times_reach_the_stream_and_survive_a_rebuild():
+    spec = small(shift="continual", shift_period=2, shift_times="per-client", partition="iid", testbed_samples=320)
+    first = [[build_client_stream(spec, c).domains_at(p)[0] for p in range(6)] for c in range(spec.num_clients)]
+    switches = {tuple(k for k in range(1, 6) if row[k] != row[k - 1]) for row in first}
+    assert len(switches) > 1  # the clients switch at different batches
+    clear_caches()
+    again = [[build_client_stream(spec, c).domains_at(p)[0] for p in range(6)] for c in range(spec.num_clients)]
+    assert again == first
+
+
+def test_a_dirichlet_ordered_stream_is_the_partition_spread_over_time_by_class():
+    """stream-order='dirichlet' (RoTTA's): a permutation of the client's partition, the same on a rebuild, whose
+    classes come in runs: close to class after class at a small gamma, close to random at a large one."""
+    labels = np.repeat(np.arange(6), 40)  # 6 classes x 40 samples
+    runs = {}
+    for gamma in (0.01, 100.0):
+        order = dirichlet_order(labels, gamma, seed=1, client=2, key=9)
+        assert sorted(order.tolist()) == list(range(len(labels)))
+        assert np.array_equal(order, dirichlet_order(labels, gamma, seed=1, client=2, key=9))
+        runs[gamma] = int((np.diff(labels[order]) != 0).sum()) + 1
+    assert runs[0.01] < 20 < runs[100.0]  # 6 runs when sorted, about 200 at random
+    spec = small(stream_order="dirichlet", partition="iid")
+    source_labels = cached_source(spec).labels()
+    for client in range(spec.num_clients):
+        stream = build_client_stream(spec, client)
+        assert sorted(stream.order.tolist()) == client_partitions(spec)[client].tolist()
+    expected = stream_order(client_partitions(spec)[1], 0, 1, source_labels, "dirichlet", 0.1)
+    assert np.array_equal(build_client_stream(spec, 1).order, expected)
 
 
 def test_a_schedule_has_no_domain_per_client():
@@ -168,7 +220,12 @@ def test_a_schedule_has_no_domain_per_client():
             "shift-spread",
             "at most the 1",
         ),
-        ({"stream-order": "sorted"}, "stream-order", "one of 'random', 'class'"),
+        ({"stream-order": "sorted"}, "stream-order", "one of 'random', 'class', 'dirichlet'"),
+        ({"shift-times": "per-client"}, "shift-times", "'per-client' needs shift='continual' or 'gradual'"),
+        ({"shift": "mixed", "shift-times": "per-client"}, "shift-times", "no switch times"),
+        ({"shift-times": "sometimes"}, "shift-times", "one of 'shared', 'per-client'"),
+        ({"stream-order": "dirichlet", "stream-dirichlet": 0.0}, "stream-dirichlet", "> 0.0"),
+        ({"stream-dirichlet": 1.0}, "stream-dirichlet", "has no effect with stream-order = 'random'"),
         ({"shift": "mixed", "strategy": "domain-oracle"}, "domain-oracle", "shift='fixed'"),
         (
             {"shift": "mixed", "dataset": "dtd", "data-dir": "/nowhere", "model": "openai/clip-vit-base-patch16"},

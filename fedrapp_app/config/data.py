@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from fedrapp_app.config.keys import Group, Key, Scalar
-from fedrapp_app.data.shift import SHIFTS
+from fedrapp_app.config.keys import Group, Key, Scalar, override_hint
+from fedrapp_app.data.shift import SHIFT_TIMES, SHIFTS
 from fedrapp_app.data.spec import STREAM_ORDERS, DataSpec
 
 _DATA = DataSpec()  # the data layer owns its defaults
@@ -33,7 +33,9 @@ DATA_KEYS: dict[str, str] = {
     "shift-period": "shift_period",
     "shift-rate": "shift_rate",
     "shift-spread": "shift_spread",
+    "shift-times": "shift_times",
     "stream-order": "stream_order",
+    "stream-dirichlet": "stream_dirichlet",
     "corruptions": "corruptions",
 }
 
@@ -71,9 +73,16 @@ def _testbed_pool_problems(clients: int, v: Mapping[str, Scalar]) -> list[str]:
 
 
 def check(v: Mapping[str, Scalar]) -> list[str]:
-    """The testbed's pool can give every client its partition (the data layer checks the rest: ``RunConfig``)."""
+    """The testbed's pool can give every client its partition, and stream-dirichlet acts only on its order (the data
+    layer checks the rest: ``RunConfig``)."""
     clients = int(v["num-clients"])  # 0: one per SuperNode, known once the run starts
-    return _testbed_pool_problems(clients, v) if clients and v["dataset"] == "testbed" else []
+    problems = _testbed_pool_problems(clients, v) if clients and v["dataset"] == "testbed" else []
+    if v["stream-dirichlet"] != _DATA.stream_dirichlet and v["stream-order"] != "dirichlet":
+        problems.append(  # the fix is another key's value, so not problem()'s hint to change this one
+            f"  stream-dirichlet = {v['stream-dirichlet']!r}: has no effect with stream-order = "
+            f"{v['stream-order']!r} (fix: {override_hint('stream-order', 'dirichlet')}, or drop stream-dirichlet)"
+        )
+    return problems
 
 
 GROUP = Group(
@@ -130,15 +139,16 @@ GROUP = Group(
             "shift",
             _DATA.shift,
             "ours: how a client's testbed domain moves along its stream: 'fixed' (the paper's), 'continual' (through "
-            "the "
-            "domains in turn), 'gradual' (severity up and down, family by family), 'mixed' (per sample); docs/shift.md",
+            "the domains in turn), 'gradual' (severity up and down, family by family), 'mixed' (per sample); "
+            "docs/shift.md",
             choices=SHIFTS,
         ),
         Key("shift-period", _DATA.shift_period, "batches per shift step (continual, gradual)", minimum=1),
         Key(
             "shift-rate",
             _DATA.shift_rate,
-            "below 1; > 0: a shift step at each batch with this probability (shared by all clients), not each period",
+            "below 1; > 0: a shift step at each batch with this probability (at the times shift-times says), not each "
+            "period",
             minimum=0.0,
         ),
         Key(
@@ -146,6 +156,13 @@ GROUP = Group(
             _DATA.shift_spread,
             "domains active across clients at once under a schedule (client i starts at domain i mod it); 0 = all",
             minimum=0,
+        ),
+        Key(
+            "shift-times",
+            _DATA.shift_times,
+            "ours: when clients switch under continual or gradual: all at the federation's times ('shared'), or each "
+            "at its own seeded times ('per-client': its own phase of the period, or its own random switches)",
+            choices=SHIFT_TIMES,
         ),
         Key(
             "corruptions",
@@ -156,8 +173,17 @@ GROUP = Group(
         Key(
             "stream-order",
             _DATA.stream_order,
-            "ours: a client's stream at random (the paper's) or class after class ('class', class-correlated)",
+            "ours: a client's stream at random (the paper's), class after class ('class', class-correlated) or in "
+            "RoTTA's Dirichlet-in-time order ('dirichlet', with stream-dirichlet)",
             choices=STREAM_ORDERS,
+        ),
+        Key(
+            "stream-dirichlet",
+            _DATA.stream_dirichlet,
+            "stream-order='dirichlet': the concentration gamma of each class's spread over time (0.1, RoTTA's: close "
+            "to class after class; large: close to random)",
+            minimum=0.0,
+            exclusive_minimum=True,
         ),
         Key(
             "decode-workers",

@@ -8,13 +8,14 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from fedrapp_app.data.presets import PRESETS, resolve_preset
-from fedrapp_app.data.shift import SHIFTS
+from fedrapp_app.data.shift import SHIFT_TIMES, SHIFTS
 from fedrapp_app.testbed.corruptions import DEFAULT_DOMAINS
 
 SOURCES = ("auto", "hf", "webdataset", "coop", "imagefolder", "testbed")
 PARTITIONS = ("iid", "dirichlet")
-#: A client's stream order: seeded random (the paper's), or class-correlated (classes one after the other).
-STREAM_ORDERS = ("random", "class")
+#: A client's stream order: seeded random (the paper's), class-correlated (classes one after the other), or
+#: RoTTA's Dirichlet-in-time order (``stream-dirichlet``).
+STREAM_ORDERS = ("random", "class", "dirichlet")
 #: A testbed domain entry that means "no corruption".
 CLEAN = "clean"
 #: Four shift domains, the testbed's first four default ones (``corruptions.DEFAULT_DOMAINS``: severities
@@ -51,13 +52,15 @@ class DataSpec:
     shift_period: int = 4  # batches per schedule step (continual, gradual)
     shift_rate: float = 0.0  # > 0: a step at each batch with this probability instead of every shift-period
     shift_spread: int = 0  # domains active across clients at once (0 = all configured ones)
+    shift_times: str = "shared"  # one of shift.SHIFT_TIMES: the federation's switch times, or each client's own
     stream_order: str = "random"  # one of STREAM_ORDERS
+    stream_dirichlet: float = 0.1  # gamma of stream_order="dirichlet" (RoTTA's default)
     corruptions: str = ""  # a real dataset's ImageNet-C shift domains "name:severity,..." (data/corruptions.py)
 
 
 #: Fields that shape a client's stream but neither the source nor the partition (caches ignore them).
 STREAM_FIELDS = ("batch_size", "max_samples_per_client", "testbed_domains", "shift", "shift_period", "shift_rate",
-                 "shift_spread", "stream_order", "corruptions")  # fmt: skip
+                 "shift_spread", "shift_times", "stream_order", "stream_dirichlet", "corruptions")  # fmt: skip
 
 
 def without_stream_fields(spec: DataSpec) -> DataSpec:
@@ -150,7 +153,7 @@ def validate_spec(spec: DataSpec) -> DataSpec:
     Returns the spec unchanged so it can be used inline: ``spec = validate_spec(DataSpec(...))``.
     """
     for name in ("dataset", "source", "data_dir", "hf_repo", "hf_split", "hf_image_column", "hf_label_column",
-                 "partition", "testbed_domains", "shift", "stream_order", "corruptions"):  # fmt: skip
+                 "partition", "testbed_domains", "shift", "shift_times", "stream_order", "corruptions"):  # fmt: skip
         if not isinstance(getattr(spec, name), str):
             raise _bad(name, getattr(spec, name), "a string")
     preset = resolve_preset(spec.dataset)
@@ -170,6 +173,10 @@ def validate_spec(spec: DataSpec) -> DataSpec:
     _check_int(spec, "decode_workers", 0)
     _check_choice(spec, "shift", SHIFTS)
     _check_choice(spec, "stream_order", STREAM_ORDERS)
+    _check_choice(spec, "shift_times", SHIFT_TIMES)
+    gamma = spec.stream_dirichlet
+    if isinstance(gamma, bool) or not isinstance(gamma, (int, float)) or not math.isfinite(gamma) or gamma <= 0:
+        raise _bad("stream_dirichlet", gamma, "a finite number > 0 (0.1 = RoTTA's correlated order, large = random)")
     _check_int(spec, "shift_period", 1)
     _check_int(spec, "shift_spread", 0)
     rate = spec.shift_rate
@@ -215,6 +222,9 @@ def _library_ready() -> None:
 
 def _check_schedule(spec: DataSpec, dataset: str, domains: tuple) -> None:
     """A shift schedule needs domains to move through, a spread they can fill and a period shorter than a stream."""
+    if spec.shift_times != "shared" and spec.shift not in ("continual", "gradual"):
+        raise _bad("shift_times", spec.shift_times, f"'shared' with shift={spec.shift!r}, which has no switch times "
+                   "('per-client' needs shift='continual' or 'gradual')")  # fmt: skip
     if spec.shift == "fixed":
         return
     if not domains:

@@ -23,7 +23,7 @@ from fedrapp_app.data.loader import Undecodable
 from fedrapp_app.data.partition import cached_partition_indices, partition_cache_dir
 from fedrapp_app.data.prefetch import PREFETCHER
 from fedrapp_app.data.presets import get_preset
-from fedrapp_app.data.shift import Domain, ShiftPlan, class_order
+from fedrapp_app.data.shift import Domain, ShiftPlan, class_order, dirichlet_order
 from fedrapp_app.data.sources import Source, cached_source, clear_source_cache
 from fedrapp_app.data.sources.testbed import TestbedSource
 from fedrapp_app.data.spec import DataSpec, domain_label, parse_domains, validate_spec, without_stream_fields
@@ -78,7 +78,7 @@ class ClientStream:
         self.domain = domain_label(self.plan.domain(client_id, 0)) if fixed else None
         if self.plan is not None and self.plan.shift == "mixed":
             self._mixed = self.plan.sample_domains(client_id, self.num_samples)
-        self._steps = self.plan.steps(self.num_batches) if self.plan is not None else None
+        self._steps = self.plan.steps(self.num_batches, client_id) if self.plan is not None else None
         self._token = next(_STREAM_TOKENS)  # names this stream's batches in the process's prefetcher
 
     @property
@@ -225,7 +225,7 @@ def shift_plan(spec: DataSpec) -> ShiftPlan | None:
         return None
 
     return ShiftPlan(spec.shift, domains, spec.shift_period, float(spec.shift_rate), spec.shift_spread, spec.seed,
-                     MAX_SEVERITY)  # fmt: skip
+                     MAX_SEVERITY, spec.shift_times)  # fmt: skip
 
 
 _PARTITIONS: OrderedDict[DataSpec, list[np.ndarray]] = OrderedDict()
@@ -264,11 +264,21 @@ def clear_caches() -> None:
         _STREAMS.clear()
 
 
-def stream_order(partition: np.ndarray, seed: int, client_id: int, labels: np.ndarray | None = None) -> np.ndarray:
+def stream_order(
+    partition: np.ndarray,
+    seed: int,
+    client_id: int,
+    labels: np.ndarray | None = None,
+    order: str = "random",
+    gamma: float = 0.1,
+) -> np.ndarray:
     """A client's partition in its stream order, seeded by (seed, client id): at random, or, given the source's
-    ``labels`` (int [N]), class after class (``stream-order='class'``, ``shift.class_order``)."""
-    if labels is not None:
+    ``labels`` (int [N]), class after class (``order='class'``, ``shift.class_order``) or in RoTTA's Dirichlet-in-time
+    order (``order='dirichlet'``, ``shift.dirichlet_order`` with ``gamma``)."""
+    if order == "class":
         return partition[class_order(np.asarray(labels)[partition], seed, client_id, _STREAM_ORDER)]
+    if order == "dirichlet":
+        return partition[dirichlet_order(np.asarray(labels)[partition], gamma, seed, client_id, _STREAM_ORDER)]
     rng = np.random.default_rng(np.random.SeedSequence([seed, _STREAM_ORDER, client_id]))
     return partition[rng.permutation(len(partition))]
 
@@ -303,8 +313,9 @@ def build_client_stream(spec: DataSpec, client_id: int) -> ClientStream:
 
 def _new_stream(spec: DataSpec, client_id: int) -> ClientStream:
     source = cached_source(spec)
-    labels = source.labels() if spec.stream_order == "class" else None
-    order = stream_order(client_partitions(spec)[client_id], spec.seed, client_id, labels)
+    labels = source.labels() if spec.stream_order != "random" else None
+    order = stream_order(client_partitions(spec)[client_id], spec.seed, client_id, labels, spec.stream_order,
+                         float(spec.stream_dirichlet))  # fmt: skip
     if spec.max_samples_per_client:
         order = order[: spec.max_samples_per_client]
     return ClientStream(source, order, spec.batch_size, client_id, shift_plan(spec))
