@@ -267,7 +267,7 @@ def test_bad_trust_inputs_are_refused_with_their_name() -> None:
     with pytest.raises(ValueError, match=r"v_own is outside \[0, 1.0\] in row\(s\) \[2\]"):
         trusted_round(**kw, v_own=np.array([0.0, 1.0, 1.5]))
     with pytest.raises(TypeError, match="unknown own-prompt report"):
-        trusted_round(**kw, v_probe=np.zeros(3))
+        trusted_round(**kw, v_elsewhere=np.zeros(3))
     with pytest.raises(ValueError, match="trust_peer_target"):
         make_params("fedrapp-trust", {"trust_peer_target": 1.5})
     with pytest.raises(TypeError, match="needs FedRAPPParams"):

@@ -60,7 +60,7 @@ def test_the_server_rules_are_numpy_math():
 #: The package's folders, from the bottom floor up: a folder's modules import from folders on lower floors (and
 #: their own folder's) only. ``testing`` is test support, outside the product.
 FLOORS: tuple[tuple[str, ...], ...] = (
-    ("engine", "registry", "metrics"),
+    ("engine", "registry", "metrics", "privacy"),
     ("methods", "aggregation"),
     ("testbed",),
     ("data",),

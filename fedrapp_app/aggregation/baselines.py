@@ -96,6 +96,7 @@ def none_fed_round(
         memory=keep_rows(x.tuned, x.memory32, absent),
         personalized=keep_rows(x.tuned, x.sent32, absent),
         diagnostics=mixing_diagnostics(x, absent.astype(np.float64), None),
+        own_weight=x.replied.astype(np.float64),  # each client continues from its own upload alone
     )
 
 

@@ -65,13 +65,16 @@ class Diagnostics:
     xi: NDArray[np.float64] | None = None
     trust_memory: NDArray[np.float64] | None = None
     trust_peers: NDArray[np.float64] | None = None
+    trust_global: NDArray[np.float64] | None = None
 
 
 #: What a rule may send a client it has never seen (``Rule.newcomer``).
 NEWCOMER_PROMPTS = ("sent", "memory-mean")
 
-#: The ``RoundOutput.state`` entry the strategy sends each client as a second prompt to score (FedRAPP's probe).
-PROBE = "probe"
+#: The ``RoundOutput.state`` entries the strategy sends each client as prompts to score beside its own (FedRAPP's
+#: probes): the paper's prompt, and the federation's mean (the trust option's third candidate).
+PROBE, GLOBAL_PROBE = "probe", "probe-global"
+PROBES = (PROBE, GLOBAL_PROBE)
 
 
 @dataclass(frozen=True)
@@ -88,14 +91,20 @@ class RoundOutput:
     state : dict of per-client arrays [N, ...]
         What a rule carries to its next round besides the memories (FedRAPP's trust option: its trusts); the
         strategy stores it, checkpoints it and hands it back as the rule's ``state``. Empty for stateless rules.
-        An entry :data:`PROBE` [N, d] float32 (FedRAPP's probe) is also sent: row i to client i, beside its prompt,
-        for it to score on its next batch.
+        An entry of :data:`PROBES` [N, d] float32 (FedRAPP's probes) is also sent: row i to client i, beside its
+        prompt, for it to score on its next batch.
+    own_weight : float64 [N] or None
+        For a rule whose next prompts are linear in the uploads: the weight of client i's upload of this round in
+        the prompt it is sent next (none-fed 1, FedAvg n_i / Σn, FedRAPP (1 − γ_i)(1 − μ_i), ...; read for the
+        replying clients). Under ``dp = true`` client i puts its exact prompt back in that share of what it is
+        sent (the server only had it noised). None: the rule does not say, and nothing is put back.
     """
 
     memory: NDArray[np.float32]
     personalized: NDArray[np.float32]
     diagnostics: Diagnostics
     state: dict[str, NDArray[np.float64]] = field(default_factory=dict)
+    own_weight: NDArray[np.float64] | None = None
 
 
 class RoundRule(Protocol):
@@ -410,6 +419,7 @@ def peer_mixing_round(x: RoundInputs, mixing: Callable[[NDArray[np.float64]], ND
         memory=keep_rows(messages, x.memory32, absent),
         personalized=keep_rows(messages, x.sent32, absent),
         diagnostics=mixing_diagnostics(x, absent.astype(np.float64), xi),
+        own_weight=np.diag(xi).copy(),
     )
 
 
@@ -424,7 +434,14 @@ def send_to_everyone(
         memory=keep_rows(everyone, x.memory32, keep_none),
         personalized=keep_rows(everyone, x.sent32, keep_none),
         diagnostics=mixing_diagnostics(x, np.zeros(n), xi),
+        own_weight=None if xi is None else np.diag(xi).copy(),  # a global prompt of unknown form: nothing put back
     )
+
+
+def memory_own_weight(x: RoundInputs, mu: NDArray[np.float64], gamma: NDArray[np.float64]) -> NDArray[np.float64]:
+    """The weight [N] of each replying client's upload in a prompt mixed from memories as FedRAPP's are:
+    (1 − γ_i)(1 − μ_i) (the upload enters the memory at 1 − μ_i, the memory the prompt at 1 − γ_i); 0 elsewhere."""
+    return np.where(x.replied, (1.0 - gamma) * (1.0 - mu), 0.0)
 
 
 def check_output(output: Any, n: int, d: int) -> None:

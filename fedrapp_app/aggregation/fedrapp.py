@@ -53,6 +53,7 @@ from fedrapp_app.aggregation.common import (
     RuleParams,
     keep_rows,
     masked_zscore,
+    memory_own_weight,
     param,
     validate_round,
 )
@@ -246,6 +247,7 @@ def fedrapp_round(
         memory=s.memory,
         personalized=keep_rows(s.personalized, x.sent32, ~x.replied),
         diagnostics=Diagnostics(s.informative, s.update_norm, s.r, s.mu, s.peer_weights, s.gamma),
+        own_weight=memory_own_weight(x, s.mu, s.gamma),  # read under dp only (docs/privacy.md)
     )
 
 

@@ -68,6 +68,7 @@ def domain_oracle_round(
         memory=keep_rows(mixed, x.memory32, ~covered),
         personalized=keep_rows(mixed, x.sent32, ~covered),
         diagnostics=mixing_diagnostics(x, (~covered).astype(np.float64), xi),
+        own_weight=np.diag(xi).copy(),
     )
 
 

@@ -11,7 +11,7 @@ import difflib
 from collections.abc import Mapping
 from typing import Any
 
-from fedrapp_app.config import attack, data, deployment, engine, method, population, rule, run, trust
+from fedrapp_app.config import attack, data, deployment, engine, method, population, privacy, rule, run, trust
 from fedrapp_app.config.keys import ConfigError, Group, Key, Scalar, override_hint, problem
 from fedrapp_app.config.method import method_values
 from fedrapp_app.config.rule import resolve_rule, rule_values
@@ -19,7 +19,7 @@ from fedrapp_app.config.trust import rule_name
 
 #: The groups of keys, in the order the docs list them.
 KEY_GROUPS: tuple[Group, ...] = tuple(
-    module.GROUP for module in (run, data, population, method, rule, trust, deployment, engine, attack)
+    module.GROUP for module in (run, data, population, method, rule, trust, privacy, deployment, engine, attack)
 )
 #: (name, what the group is for), in the same order.
 GROUPS: tuple[tuple[str, str], ...] = tuple((group.name, group.purpose) for group in KEY_GROUPS)

@@ -39,9 +39,12 @@ from fedrapp_app.federation.records import (
     INFO,
     METRICS,
     NOTES,
-    PROBE,
+    OPTIONAL_RULE_METRICS,
+    PROBE_METRICS,
+    PROBES,
     PROMPT,
     arrays_to_record,
+    probe_metrics,
     prompt_to_record,
     record_to_arrays,
     record_to_prompt,
@@ -49,6 +52,7 @@ from fedrapp_app.federation.records import (
 from fedrapp_app.methods import LocalMethod, make_method
 from fedrapp_app.methods.base import Adaptation
 from fedrapp_app.metrics.calibration import calibration_bins
+from fedrapp_app.privacy.upload import own_share_restored, private_upload, split_state
 from fedrapp_app.recording.checkpoint import load_client_snapshot, save_client_snapshot
 
 STREAM_STATE = "fedrapp-stream"
@@ -311,6 +315,7 @@ def train(msg: Message, context: Context) -> Message:
             reply_to=msg,
         )
     pclip = client.prompted()
+    method_state, kept = split_state(method_state)  # kept: under dp, the last upload exact and as released
     method = client.method(method_state)
     t_model = time.perf_counter()
 
@@ -333,14 +338,19 @@ def train(msg: Message, context: Context) -> Message:
     skipped = {"skipped-samples": [str(s) for s in batch.skipped]} if batch.skipped else {}
     notes = ConfigRecord({**placement(), "device": current_device_description(pclip.device), **skipped})
     if not batch.labels.size:  # nothing decodable: the batch is consumed and reported, nothing is adapted
-        _advance(context, client, round_config, position, method_state)
+        _advance(context, client, round_config, position, {**(method_state or {}), **kept})
         return Message(_reply(None, {**base, "skipped-batch": 1}, notes), reply_to=msg)
 
     pixel_values = pclip.preprocess(batch.images)
     t_data = time.perf_counter()
-    prompt = [torch.from_numpy(np.array(b)) for b in record_to_prompt(msg.content[PROMPT])]
-    if PROBE in msg.content.array_records:  # a second prompt to score beside (FedRAPP's trust probe)
-        method.set_probe(record_to_prompt(msg.content.array_records[PROBE]))
+    received = record_to_prompt(msg.content[PROMPT])
+    dp = bool(client.config["dp"])
+    if dp:  # the client's exact prompt in place of the server's noised copy of it, in the rule's share of it
+        received_start = own_share_restored(received, kept, float(round_config.get("own-weight", 0.0)))
+    prompt = [torch.from_numpy(np.array(b)) for b in (received_start if dp else received)]
+    probes = {name: record_to_prompt(msg.content.array_records[name]) for name in PROBES if name in msg.content}
+    if probes:  # prompts to score beside (FedRAPP's trust probes)
+        method.set_probes(probes)
     seed = int(client.config["seed"])
     result = method.adapt(pclip, prompt, pixel_values, step_generator(seed, client.client_id, position))
     t_adapt = time.perf_counter()
@@ -383,11 +393,20 @@ def train(msg: Message, context: Context) -> Message:
         }
         metrics.update({k: float(v) for k, v in own.items() if v is not None})
         metrics["correct-own"] = _score(result.predictions_own, batch.labels)
-    if result.probe is not None:  # the probe against the own prompt (the trust probe reads these)
-        probe = result.probe
-        metrics.update({"h-probe": probe.h_probe, "hm-probe": probe.hm_probe})
-        metrics["correct-probe"] = _score(probe.predictions, batch.labels)
-    _advance(context, client, round_config, position, method.state_dict())
+    for name, probe in result.probes.items():  # each probe against the own prompt (the trust option reads these)
+        metrics.update(probe_metrics(name, probe))
+        metrics[f"correct-{PROBE_METRICS[name]}"] = _score(probe.predictions, batch.labels)
+    state = method.state_dict()
+    if dp:  # the upload and the scalars the rule reads leave only noised (privacy/upload.py)
+        private = private_upload(
+            upload, received, {k: metrics[k] for k in ("h-pre", "h-post", *OPTIONAL_RULE_METRICS) if k in metrics},
+            len(pclip.classnames), (float(client.config["dp-epsilon"]), float(client.config["dp-delta"])),
+            float(client.config["dp-clip"]), client.stream.num_batches, seed, client.client_id, position,
+        )  # fmt: skip
+        upload = private.blocks
+        metrics.update({**private.scalars, **private.metrics})
+        state = {**state, **private.state}
+    _advance(context, client, round_config, position, state)
     metrics["t-total"] = time.perf_counter() - t_start
     return Message(_reply(prompt_to_record(upload), metrics, notes), reply_to=msg)
 

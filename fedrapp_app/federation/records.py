@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 import numpy as np
 from flwr.app import Array, ArrayRecord, RecordDict
 
+from fedrapp_app.aggregation.common import GLOBAL_PROBE, PROBE, PROBES  # noqa: F401 - PROBES: the wire's names
 from fedrapp_app.metrics.calibration import Bins, bins_from_metrics
 
 PROMPT = "prompt"
@@ -29,17 +30,27 @@ METRICS = "metrics"
 CONFIG = "config"
 INFO = "info"
 NOTES = "notes"  # optional ConfigRecord of a train reply: text for the results (e.g. undecodable files)
-PROBE = "probe"  # optional ArrayRecord of a train message: a second prompt to score (FedRAPP's trust probe)
+#: Optional ArrayRecords of a train message (a rule's probes, ``aggregation.common.PROBES``): prompts to score
+#: beside the own prompt; each one's scores come back as ``h-<x>``, ``hm-<x>``, ``v-<x>``, ``v-own-<x>``.
+PROBE_METRICS = {PROBE: "probe", GLOBAL_PROBE: "global"}
 
 #: Metrics the server rule reads; everything else in a reply's metrics is for reporting only.
 RULE_METRICS = ("client-id", "h-pre", "h-post", "num-examples")
 #: Metrics the server rule reads when a reply has them (a reply without them is valid; the rule then sees None):
 #: what a client reports about its own last tuned prompt on the batch (FedRAPP's trust option reads them).
-OPTIONAL_RULE_METRICS = ("h-own", "hm-pre", "hm-own", "v-pre", "v-own", "h-probe", "hm-probe")
+OPTIONAL_RULE_METRICS = ("h-own", "hm-pre", "hm-own", "v-pre", "v-own") + tuple(
+    f"{kind}-{x}" for x in PROBE_METRICS.values() for kind in ("h", "hm", "v", "v-own")
+)
 #: The Upload fields that hold them, in the same order.
 OWN_PROMPT_FIELDS = tuple(key.replace("-", "_") for key in OPTIONAL_RULE_METRICS)
 #: Those that are neighbour votes, shares of a batch in [0, 1] (the others are entropies, >= 0).
-VOTE_METRICS = ("v-pre", "v-own")
+VOTE_METRICS = tuple(key for key in OPTIONAL_RULE_METRICS if key.startswith("v-"))
+
+
+def probe_metrics(name: str, score) -> dict[str, float]:
+    """The metrics of probe ``name`` (a ``methods.base.ProbeScore``) in a train reply."""
+    x = PROBE_METRICS[name]
+    return {f"h-{x}": score.h_probe, f"hm-{x}": score.hm_probe, f"v-{x}": score.v_probe, f"v-own-{x}": score.v_own}
 
 
 def prompt_to_record(blocks: Sequence[np.ndarray]) -> ArrayRecord:
@@ -93,6 +104,12 @@ class Upload:
     v_own: float | None = None  # the same for the own prompt
     h_probe: float | None = None  # the probe's entropy on the batch (when the server sent one)
     hm_probe: float | None = None  # entropy of the probe's batch-mean prediction
+    v_probe: float | None = None  # neighbour vote for the probe against the own prompt, in [0, 1]
+    v_own_probe: float | None = None  # the same for the own prompt
+    h_global: float | None = None  # the same four for the global probe (the federation's mean), when sent
+    hm_global: float | None = None
+    v_global: float | None = None
+    v_own_global: float | None = None
 
 
 class RejectedReply(ValueError):

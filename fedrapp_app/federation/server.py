@@ -24,6 +24,7 @@ from fedrapp_app.federation.population import Population
 from fedrapp_app.federation.records import OUTCOME_METRICS, Outcome
 from fedrapp_app.federation.strategy import ClientRow, PersonalizedPromptStrategy, RoundReport, count_nodes
 from fedrapp_app.methods import find_method
+from fedrapp_app.privacy.ledger import PrivacyLedger
 from fedrapp_app.recording.checkpoint import CLIENT_STATE_DIR, SERVER_FILE, ServerCheckpoint, new_run_token
 from fedrapp_app.recording.results import RunRecorder, unscored_samples
 from fedrapp_app.recording.runlock import RESUME_WAIT_SECONDS, check_writable, release_on_signal, run_lock
@@ -85,6 +86,8 @@ def _row(row: ClientRow, report: RoundReport) -> dict[str, Any]:
         out["reason"] = row.reason
     if row.skipped:
         out.update(skipped=len(row.skipped), skipped_samples=row.skipped)
+    if row.dp_epsilon is not None:  # under dp: the client's privacy loss after this round's release
+        out["dp_epsilon"] = row.dp_epsilon
     out.update({key.replace("-", "_"): value for key, value in row.where.items()})
     if row.upload is None:
         return out
@@ -129,10 +132,19 @@ def _row(row: ClientRow, report: RoundReport) -> dict[str, Any]:
         )
         if d.trust_memory is not None and d.trust_peers is not None:  # FedRAPP's trust option (ours)
             out.update(trust_memory=float(d.trust_memory[c]), trust_peers=float(d.trust_peers[c]))
+        if d.trust_global is not None:
+            out["trust_global"] = float(d.trust_global[c])
         if rest > 0:
             out["peer_weights_rest"] = rest
     out["client_metrics"] = report_metrics
     return out
+
+
+def privacy_ledger(config: RunConfig) -> PrivacyLedger | None:
+    """Under ``dp = true``, the ledger of each client's privacy loss (None: off)."""
+    if not config["dp"]:
+        return None
+    return PrivacyLedger.empty(config.num_clients, float(config["dp-delta"]), float(config["dp-clip"]))
 
 
 def _resumable(config: RunConfig, checkpoint: ServerCheckpoint) -> None:
@@ -242,6 +254,7 @@ def _run_rounds(
         seed=int(config["seed"]),
         max_norm_ratio=float(config["max-norm-ratio"]),
         population=Population.of(config),
+        privacy=privacy_ledger(config),
         client_config={
             "run-token": token,
             "state-dir": str(recorder.run_dir / CLIENT_STATE_DIR),
@@ -314,6 +327,7 @@ def _run_rounds(
             "setup_seconds": setup_seconds,
             "discovery_seconds": discovery,
             "checkpoint_seconds": checkpoint_seconds,
+            **({"privacy": strategy.privacy.summary()} if strategy.privacy is not None else {}),
         }
     )
     log.info(

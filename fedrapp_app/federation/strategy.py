@@ -32,8 +32,7 @@ from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Strategy
 
 from fedrapp_app.aggregation import check_output, make_rule
-from fedrapp_app.aggregation.common import PROBE as PROBE_STATE
-from fedrapp_app.aggregation.common import RoundOutput
+from fedrapp_app.aggregation.common import PROBES, RoundOutput
 from fedrapp_app.federation.errors import clean_reason, describe
 from fedrapp_app.federation.population import Population, newcomer_prompt
 from fedrapp_app.federation.records import (
@@ -42,7 +41,6 @@ from fedrapp_app.federation.records import (
     METRICS,
     NOTES,
     OWN_PROMPT_FIELDS,
-    PROBE,
     PROMPT,
     Outcome,
     RejectedReply,
@@ -54,6 +52,7 @@ from fedrapp_app.federation.records import (
     record_to_prompt,
     unflatten,
 )
+from fedrapp_app.privacy.ledger import PrivacyLedger
 from fedrapp_app.recording.checkpoint import ServerCheckpoint
 
 log = logging.getLogger("flwr.fedrapp.strategy")
@@ -123,6 +122,7 @@ class ClientRow:
     where: dict[str, str] = field(default_factory=dict)  # where the client ran: host, ray-node, device
     outcome: Outcome | None = None  # calibration bins and per-domain counts, for the results only
     held_out: bool = False  # a held-out client: scored, its upload never read by the rule (population.py)
+    dp_epsilon: float | None = None  # under dp: the client's privacy loss after this round's release
 
 
 @dataclass
@@ -205,6 +205,7 @@ class PersonalizedPromptStrategy(Strategy):
     client_config : extra values for every train message's config (the run token and snapshot folder).
     population : late joiners, held-out clients and the drop rate (``population.py``); None = everyone, every
         round it is sampled for.
+    privacy : under ``dp = true``, the ledger of each client's privacy loss (``privacy/ledger.py``); None = off.
     """
 
     def __init__(
@@ -219,8 +220,10 @@ class PersonalizedPromptStrategy(Strategy):
         max_norm_ratio: float = 100.0,
         client_config: dict | None = None,
         population: Population | None = None,
+        privacy: PrivacyLedger | None = None,
     ) -> None:
         self.rule_name = rule
+        self.privacy = privacy
         self.rule = make_rule(rule, rule_params)
         self.num_clients = num_clients
         self.fraction = fraction
@@ -394,6 +397,7 @@ class PersonalizedPromptStrategy(Strategy):
             token,
             config,
             st.rule_state,
+            self.privacy.arrays() if self.privacy is not None else {},
         )
 
     def restore(self, checkpoint: ServerCheckpoint) -> None:
@@ -406,6 +410,8 @@ class PersonalizedPromptStrategy(Strategy):
         st.round = checkpoint.round
         st.rng.bit_generator.state = checkpoint.rng_state
         st.rule_state = {k: v.copy() for k, v in checkpoint.rule_state.items()}
+        if self.privacy is not None:
+            self.privacy.restore(checkpoint.privacy)
         shown = ", ".join(f"{c}: {int(p)}" for c, p in enumerate(st.positions[:16]))
         more = f", ... ({len(st.positions)} clients)" if len(st.positions) > 16 else ""
         log.info("resumed after round %d; the clients go on at stream positions {%s%s}", st.round, shown, more)
@@ -472,8 +478,9 @@ class PersonalizedPromptStrategy(Strategy):
                 self.state.sent[client] = self.state.memory[client] = first
             prompt = self.state.sent[client] if first is None else first
             records = {PROMPT: prompt_to_record(unflatten(prompt, self.shapes))}
-            if PROBE_STATE in self.state.rule_state and first is None:  # a second prompt the rule asks it to score
-                records[PROBE] = prompt_to_record(unflatten(self.state.rule_state[PROBE_STATE][client], self.shapes))
+            for probe in PROBES if first is None else ():  # prompts the rule asks it to score beside its own
+                if probe in self.state.rule_state:
+                    records[probe] = prompt_to_record(unflatten(self.state.rule_state[probe][client], self.shapes))
             cfg = ConfigRecord(
                 {
                     **dict(config),
@@ -482,6 +489,7 @@ class PersonalizedPromptStrategy(Strategy):
                     "client-id": client,
                     "num-clients": self.num_clients,
                     "stream-position": int(self.state.positions[client]),
+                    **({"own-weight": float(self.privacy.own_weight[client])} if self.privacy else {}),
                 }
             )
             msg = Message(
@@ -563,15 +571,31 @@ class PersonalizedPromptStrategy(Strategy):
                 why = f"no sample of the batch could be decoded ({len(skipped)} skipped)"
                 return ClientRow(client, node, "skipped", why, skipped=skipped, where=where)
         self._note_position(client, metrics)
+        spent = None
         try:
+            if self.privacy is not None:  # the release counts whatever becomes of it; its noise widens the norm bound
+                spent, max_norm = self._released(client, metrics, max_norm)
             upload = parse_train_reply(content, client, self.shapes, max_norm)
             outcome = parse_outcome(upload.report, domains, upload.num_examples)
         except RejectedReply as err:
             log.warning("round %d: client %d (node %s): reply rejected: %s", rnd, client, node, err)
-            return ClientRow(client, node, "rejected", str(err))
+            return ClientRow(client, node, "rejected", str(err), dp_epsilon=spent)
         if upload.report.get("remaining-batches", 1) == 0:
             self.state.exhausted[client] = True
-        return ClientRow(client, node, "ok", upload=upload, skipped=skipped, where=where, outcome=outcome)
+        row = ClientRow(client, node, "ok", upload=upload, skipped=skipped, where=where, outcome=outcome)
+        row.dp_epsilon = spent
+        return row
+
+    def _released(self, client: int, metrics: MetricRecord | None, max_norm: float) -> tuple[float, float]:
+        """Under dp: count the reply's release in the ledger; (the client's ε after it, the norm bound for it)."""
+        noise = None if metrics is None else metrics.get("dp-noise")
+        if not isinstance(noise, int | float) or isinstance(noise, bool):
+            raise RejectedReply("dp = true, but the reply carries no dp-noise (a client without differential privacy)")
+        try:
+            spent = self.privacy.record(client, float(noise))
+        except ValueError as err:
+            raise RejectedReply(str(err)) from None
+        return spent, max_norm + self.privacy.norm_allowance(float(noise), int(self.p0.size))
 
     def _note_position(self, client: int, metrics: MetricRecord | None) -> None:
         """Remember where the client's stream stands (its batch was consumed even if the upload is bad)."""
@@ -609,6 +633,9 @@ class PersonalizedPromptStrategy(Strategy):
         state.memory = np.asarray(output.memory, dtype=np.float32)
         state.sent = np.asarray(output.personalized, dtype=np.float32)
         state.rule_state = {k: np.array(v) for k, v in output.state.items()}
+        if self.privacy is not None:  # the share of each upload in what its client is sent next (0: not said)
+            own = np.zeros(n) if output.own_weight is None else np.asarray(output.own_weight, dtype=np.float64)
+            self.privacy.own_weight[replied] = np.clip(np.nan_to_num(own[replied]), 0.0, 1.0)
         return output
 
     # ---------------------------------------------------------------- evaluation: online, in the train replies

@@ -9,7 +9,7 @@ holds, so the client process may change between rounds.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import ClassVar
 
@@ -42,10 +42,21 @@ class Adaptation:
     v_pre: float | None = None  # neighbour vote for the received prompt against the own one (neighbour_votes)
     v_own: float | None = None  # the same for the own prompt
     predictions_own: Tensor | None = None  # [B] long: its predictions (scored for the analysis only)
-    probe: ProbeScore | None = None  # the probe the server sent, scored against the own prompt (FedRAPP's probe)
+    # The prompts the server sent to score beside (FedRAPP's probes), each against the own prompt, by name:
+    probes: dict[str, ProbeScore] = field(default_factory=dict)
     # What a prediction step stacked on the method reads (``methods/stacked.py``), so that no tower runs twice:
     features: Tensor | None = None  # [B, E] the batch's image features (original views, L2-normalised)
     text_features: Tensor | None = None  # [K, C, E] the class features of the tuned prompt ``prompt``
+
+    @property
+    def probe(self) -> ProbeScore | None:
+        """The score of the probe named :data:`PROBE` (FedRAPP's: the paper's prompt), if one was sent."""
+        return self.probes.get(PROBE)
+
+
+#: The name of FedRAPP's trust probe (the paper's prompt) among the prompts a rule sends to score
+#: (``LocalMethod.set_probes``; the others: ``federation.records.PROBES``).
+PROBE = "probe"
 
 
 class LocalMethod(ABC):
@@ -57,8 +68,15 @@ class LocalMethod(ABC):
     def set_probe(self, probe: Sequence[np.ndarray] | None) -> None:
         """A second prompt (K blocks) for this round's ``adapt`` to score against the own one (FedRAPP's probe,
         ours); a method that keeps no own prompt (zero-shot) has nothing to score it against and ignores it."""
+        self.set_probes({} if probe is None else {PROBE: probe})
+
+    def set_probes(self, probes: Mapping[str, Sequence[np.ndarray]]) -> None:
+        """Prompts (K blocks each, by name) for this round's ``adapt`` to score against the own one, as
+        :meth:`set_probe` does for one."""
         if self.own is not None:
-            self.own.probe = None if probe is None else [np.asarray(block, dtype=np.float32) for block in probe]
+            self.own.probes = {
+                name: [np.asarray(block, dtype=np.float32) for block in blocks] for name, blocks in probes.items()
+            }
 
     @abstractmethod
     def initial_prompt(self, pclip: PromptedCLIP) -> list[Tensor]:
@@ -150,16 +168,19 @@ class OwnScore:
     v_own: float  # the same for the own prompt
     predictions: Tensor  # [B] long
     stats: dict[str, float]  # for the analysis: the marginal entropies and the agreement with the received prompt
-    probe: ProbeScore | None = None  # when the server sent a probe
+    probes: dict[str, ProbeScore] = field(default_factory=dict)  # the probes the server sent, by name
 
 
 @dataclass(frozen=True)
 class ProbeScore:
-    """The probe (a second prompt the server sent: the paper's prompt) against the own one on this batch."""
+    """A probe (a prompt the server sent to score: the paper's prompt, the federation's mean) against the own one
+    on this batch."""
 
     h_probe: float  # mean prediction entropy of the probe
     hm_probe: float  # entropy of its batch-mean prediction
     predictions: Tensor  # [B] long (scored for the analysis only)
+    v_probe: float = 0.0  # the images' neighbours' vote for the probe where it and the own prompt disagree
+    v_own: float = 0.0  # the same for the own prompt
 
 
 #: Neighbours per disagreement in :func:`neighbour_votes` (a handful: a batch of 64 holds a few images per class).
@@ -211,7 +232,7 @@ class OwnPrompt:
     def __init__(self, enabled: bool) -> None:
         self.enabled = enabled
         self.blocks: list[np.ndarray] | None = None  # float32 blocks of P~(t-1)
-        self.probe: list[np.ndarray] | None = None  # this round's probe (LocalMethod.set_probe), scored beside
+        self.probes: dict[str, list[np.ndarray]] = {}  # this round's probes (LocalMethod.set_probes), scored beside
 
     def score(
         self, pclip: PromptedCLIP, received: Sequence[Tensor], features: Tensor, received_logits: Tensor
@@ -230,23 +251,27 @@ class OwnPrompt:
                 f"the kept own prompt has blocks {kept}, the received prompt {expected}: this client state "
                 "belongs to another method or setting"
             )
-        if self.probe is not None and [b.shape for b in self.probe] != expected:
-            raise ValueError(
-                f"the probe has blocks {[b.shape for b in self.probe]}, the received prompt {expected}: a probe "
-                "must have the prompt's shapes"
-            )
+        for name, blocks in self.probes.items():
+            if [b.shape for b in blocks] != expected:
+                raise ValueError(
+                    f"the {name} has blocks {[b.shape for b in blocks]}, the received prompt {expected}: a probe "
+                    "must have the prompt's shapes"
+                )
         logits = _scored(pclip, self.blocks, features)
         predictions = logits.argmax(-1).cpu()
         received = received_logits.detach()
         hm_own, hm_pre = batch_marginal_entropy(logits), batch_marginal_entropy(received)
         received_predictions = received.argmax(-1).cpu()
         vote_received, vote_own = neighbour_votes(features.cpu(), received_predictions, predictions)
-        probe = None
-        if self.probe is not None:
-            probe_logits = _scored(pclip, self.probe, features)
-            probe = ProbeScore(
-                mean_entropy(probe_logits), batch_marginal_entropy(probe_logits), probe_logits.argmax(-1).cpu()
-            )
+        probes = {}
+        for name, blocks in self.probes.items():
+            probe_logits = _scored(pclip, blocks, features)
+            probe_predictions = probe_logits.argmax(-1).cpu()
+            vote_probe, vote_against = neighbour_votes(features.cpu(), probe_predictions, predictions)
+            probes[name] = ProbeScore(
+                mean_entropy(probe_logits), batch_marginal_entropy(probe_logits), probe_predictions, vote_probe,
+                vote_against,
+            )  # fmt: skip
         return OwnScore(
             h_own=mean_entropy(logits),
             hm_pre=hm_pre,
@@ -259,7 +284,7 @@ class OwnPrompt:
                 "received_marginal_entropy": hm_pre,
                 "own_agreement": float((predictions == received_predictions).float().mean()),
             },
-            probe=probe,
+            probes=probes,
         )
 
     def keep(self, tuned: Sequence[Tensor]) -> None:
@@ -296,7 +321,7 @@ def with_own_score(adaptation: Adaptation, own: OwnScore | None) -> Adaptation:
     if own is not None:
         adaptation.h_own, adaptation.hm_pre, adaptation.hm_own = own.h_own, own.hm_pre, own.hm_own
         adaptation.v_pre, adaptation.v_own = own.v_pre, own.v_own
-        adaptation.predictions_own, adaptation.probe = own.predictions, own.probe
+        adaptation.predictions_own, adaptation.probes = own.predictions, dict(own.probes)
         adaptation.stats.update(own.stats)
     return adaptation
 

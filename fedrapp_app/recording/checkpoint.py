@@ -2,8 +2,9 @@
 
 Server side (``<run_dir>/checkpoint.npz``, written atomically after every round): memories, the prompts last
 sent, which streams ended, every client's next stream position, the initial prompt, the round, the sampling
-RNG state, the run token and what the server rule carries between rounds (FedRAPP's trust option: each
-client's trust). ``resume = true`` (with the same ``run-name``) continues from it.
+RNG state, the run token, what the server rule carries between rounds (FedRAPP's trust option: each
+client's trust) and, under dp, the privacy accounting (each client's uploads and noise: a resumed run reports the
+same epsilon). ``resume = true`` (with the same ``run-name``) continues from it.
 
 Client side (``<state dir>/<run token>/client-<id>-pos<p>.npz``): the local method's state (AdaPrompt's
 buffer, optimizer moments, step counters) as it was when the client reached stream position ``p``; the two
@@ -26,6 +27,7 @@ import numpy as np
 
 SERVER_FILE = "checkpoint.npz"
 RULE_STATE = "rule-state."  # prefix of the arrays a server rule carries between rounds (older checkpoints: none)
+PRIVACY = "privacy."  # prefix of the privacy accounting's arrays under dp (older checkpoints and dp off: none)
 CLIENT_STATE_DIR = "client-state"
 
 
@@ -57,6 +59,7 @@ class ServerCheckpoint:
     token: str
     config: dict[str, Any]
     rule_state: dict[str, np.ndarray] = field(default_factory=dict)  # per-client arrays a rule carries (trust)
+    privacy: dict[str, np.ndarray] = field(default_factory=dict)  # under dp: each client's uploads, noise, own share
 
     def save(self, run_dir: Path) -> None:
         meta = {
@@ -76,6 +79,7 @@ class ServerCheckpoint:
                 "p0": self.p0,
                 "meta": np.array(json.dumps(meta)),
                 **{RULE_STATE + name: value for name, value in self.rule_state.items()},
+                **{PRIVACY + name: value for name, value in self.privacy.items()},
             },
         )
 
@@ -101,6 +105,7 @@ class ServerCheckpoint:
                 meta["token"],
                 meta["config"],
                 {name[len(RULE_STATE) :]: data[name] for name in data.files if name.startswith(RULE_STATE)},
+                {name[len(PRIVACY) :]: data[name] for name in data.files if name.startswith(PRIVACY)},
             )
 
 

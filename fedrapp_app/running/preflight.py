@@ -178,3 +178,23 @@ def preflight(config: RunConfig) -> None:
         raise ConfigError("preflight needs num-clients resolved: RunConfig.with_num_clients(n)")
     check_model(str(config["model"]))
     check_data(config)
+    check_privacy_budget(config)
+
+
+def check_privacy_budget(config: RunConfig) -> None:
+    """Under dp, every client's budget can be met over its stream (the most rounds it can upload in) by a noise
+    below the accountant's bound; the clients check it again before their first upload."""
+    if not config["dp"]:
+        return
+    from fedrapp_app.data import client_partitions
+    from fedrapp_app.privacy.accountant import BudgetError, noise_for_budget
+
+    spec = config.data_spec()
+    longest = max(len(part) for part in client_partitions(spec))
+    if spec.max_samples_per_client:
+        longest = min(longest, spec.max_samples_per_client)
+    rounds = -(-longest // spec.batch_size)
+    try:
+        noise_for_budget(float(config["dp-epsilon"]), float(config["dp-delta"]), rounds)
+    except BudgetError as err:
+        raise PreflightError(f"{err} (the longest stream has {rounds} batches)") from None
