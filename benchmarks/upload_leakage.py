@@ -139,9 +139,8 @@ def main() -> None:
                     f"{np.mean(values):.2f} ± {np.std(values, ddof=1) if len(values) > 1 else 0:.2f}" if values else "–"
                 )
 
-            print(
-                f"| {method} | {eps_text} | {mean('pair_auc')} | {mean('domain_accuracy')} | {mean('class_precision')} |"
-            )
+            scores = " | ".join(mean(key) for key in ("pair_auc", "domain_accuracy", "class_precision"))
+            print(f"| {method} | {eps_text} | {scores} |")
 
 
 if __name__ == "__main__":
