@@ -14,6 +14,7 @@ from fedrapp_app.config import ConfigError, RunConfig
 from fedrapp_app.privacy import accountant
 from fedrapp_app.privacy.mechanism import PROMPT_SHARE, calibrate, clip_update, release
 from fedrapp_app.privacy.upload import SEED_ENV
+from fedrapp_app.report import write_report
 from fedrapp_app.testbed import world
 from fedrapp_app.testbed.tiny import make_tiny_clip
 
@@ -151,6 +152,8 @@ def test_the_server_sees_noised_uploads_and_counts_each_clients_epsilon(testbed_
         assert accountant.epsilon(z, int(batches), 1e-5) <= 4.0  # calibrated for its whole stream
         assert [r["dp_epsilon"] for r in mine] == [accountant.epsilon(z, k + 1, 1e-5) for k in range(len(mine))]
         assert privacy["epsilon"][str(client)] == mine[-1]["dp_epsilon"] <= 4.0
+    page = write_report(Path(summary["run_dir"])).read_text()
+    assert "## Privacy" in page and f"the largest epsilon spent is {privacy['max_epsilon']:.3g}" in page
     assert all(r["update_norm"] > 1.0 for r in rows)  # what the server sees moved by the noise, not the step
 
 

@@ -320,6 +320,30 @@ def _last_write(run: Run) -> float | None:
         return None
 
 
+def _privacy_section(run: Run) -> str:
+    """Under dp: each client's privacy loss after its last release (from the rows' ``dp_epsilon``) and the budget;
+    empty for a run without dp."""
+    spent: dict[int, float] = {}
+    for row in run.rows:
+        if row.get("dp_epsilon") is not None:
+            spent[int(row["client"])] = float(row["dp_epsilon"])
+    if not spent:
+        return ""
+    cfg = run.config
+    budget, delta = cfg.get("dp-epsilon"), cfg.get("dp-delta")
+    worst = max(spent.values())
+    rows = [[c, "∞" if math.isinf(e) else f"{e:.3g}"] for c, e in sorted(spent.items())]
+    text = "∞ (clipping without noise)" if math.isinf(worst) else f"{worst:.3g}"
+    return (
+        "## Privacy\n\n"
+        f"Client-level differential privacy (`dp = true`, docs/privacy.md): each client's whole stream within "
+        f"epsilon = {budget} at delta = {delta}; the largest epsilon spent is {text}. The server saw every upload "
+        "clipped and noised; participation and timing are not protected.\n\n"
+        + _table(["client", "epsilon spent"], rows)
+        + "\n"
+    )
+
+
 def write_run_report(run: Run, out: Path, regenerate: str) -> Path:
     """``report.md`` and the figures of one run into ``out``; returns the page's path."""
     out.mkdir(parents=True, exist_ok=True)
@@ -351,6 +375,7 @@ def write_run_report(run: Run, out: Path, regenerate: str) -> Path:
     page.write("![the run at a glance](overview.png)\n\n")
     page.write(_accuracy_section(run, t))
     page.write(_shift_section(run))
+    page.write(_privacy_section(run))
     page.write(_clients_section(run, stats, shares))
     if matrix is not None:
         page.write(_peers_section(run, shares))
