@@ -288,3 +288,22 @@ def test_the_bound_rule_hands_the_reports_and_the_state_to_the_trust_option_only
     assert paper.state == {} and np.array_equal(paper.personalized, fedrapp_round(**kw).personalized)
     with pytest.raises(ValueError, match="unknown parameter 'trust-peer-target'"):
         make_rule("fedrapp", {"trust-peer-target": 0.3})
+
+
+# ----------------------------------------------------------------------------------- under dp (issue 38)
+def test_under_dp_a_gap_the_noise_could_make_is_no_evidence_and_the_peers_start_untrusted() -> None:
+    """The server sees the clients' evidence noised: a vote gap or an information gap within two standard
+    deviations of its noise counts neither way, and without clear evidence nothing is trusted (none-fed)."""
+    rng = np.random.default_rng(7)
+    kw = synthetic_round(rng, 5, 6, reply_prob=1.0)
+    clear = reports(kw, np.ones(5, bool), np.ones(5, bool))  # gaps 0.1 (votes) and 0.05 (information)
+    plain = trusted_round(**kw, **clear)
+    assert plain.state[PEERS].tolist() == [1.0] * 5  # without dp: the peers trusted from the start (and winning)
+    noisy = {**clear, "dp_sigma_vote": np.full(5, 0.1), "dp_sigma_entropy": np.full(5, 0.1)}
+    out = trusted_round(**kw, **noisy)
+    assert out.state[WINS].tolist() == [0.0] * 5 and out.state[ROUNDS].tolist() == [0.0] * 5  # no evidence counted
+    assert out.state[PEERS].tolist() == [0.0] * 5 and out.state[MEMORY].tolist() == [0.0] * 5
+    assert np.allclose(out.personalized, kw["tuned"])  # trust 0 everywhere: each client is sent its own upload
+    tiny = {**clear, "dp_sigma_vote": np.full(5, 0.01), "dp_sigma_entropy": np.full(5, 0.001)}
+    sure = trusted_round(**kw, **tiny)  # the same gaps, now well beyond the noise: evidence again
+    assert sure.state[WINS].tolist() == [1.0] * 5 and sure.state[PEERS].tolist() == [1.0 - P.trust_peer_target] * 5

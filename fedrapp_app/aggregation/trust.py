@@ -27,6 +27,7 @@ numbers of every variant measured, reproducible at commit 9c3f0c6).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -85,7 +86,8 @@ class OwnPromptReports:
     the sent and of the own prompt; ``v_pre`` / ``v_own``: the neighbour votes for the sent and the own prompt
     where the two disagree (shares of the batch, in [0, 1]); ``h_probe`` / ``hm_probe``: the probe's entropies,
     ``v_probe`` / ``v_own_probe`` the votes in its contest with the own prompt; ``*_global``: the same for the
-    global probe (the federation's mean).
+    global probe (the federation's mean); ``dp_sigma_vote`` / ``dp_sigma_entropy``: under dp, the noise std of a
+    released vote and entropy (NaN or 0 without dp): a gap the noise could make is no evidence.
     """
 
     h_own: NDArray[np.float64]
@@ -101,6 +103,8 @@ class OwnPromptReports:
     hm_global: NDArray[np.float64]
     v_global: NDArray[np.float64]
     v_own_global: NDArray[np.float64]
+    dp_sigma_vote: NDArray[np.float64]
+    dp_sigma_entropy: NDArray[np.float64]
 
 
 def own_prompt_reports(replied: NDArray[np.bool_], **reported: ArrayLike | None) -> OwnPromptReports:
@@ -132,16 +136,29 @@ def _equal(a: NDArray[np.float64], b: NDArray[np.float64]) -> NDArray[np.bool_]:
         return np.abs(a - b) <= EVIDENCE_RTOL * np.maximum(np.abs(a), np.abs(b))
 
 
+#: Under dp, a gap counts as evidence only beyond this many standard deviations of the noise it carries.
+NOISE_SIGMAS = 2.0
+
+
+def noise_floor(sigma: NDArray[np.float64], terms: int) -> NDArray[np.float64]:
+    """[N]: the smallest gap of ``terms`` released scalars (each of noise std ``sigma``, NaN: none) that is evidence."""
+    return NOISE_SIGMAS * math.sqrt(terms) * np.nan_to_num(sigma)
+
+
 def vote_evidence(h_pre: NDArray[np.float64], own: OwnPromptReports, replied: NDArray[np.bool_]) -> NDArray[np.float64]:
     """The memory trust's evidence [N]: +1 where the neighbours side with the sent prompt (V_sent > V_own), −1 where
     they side with the own one or tie, 0 without a report or where the client was sent its own prompt back (equal
-    entropies and, where reported, marginals: two equal prompts are no contest)."""
+    entropies and, where reported, marginals: two equal prompts are no contest). Under dp a gap within the noise's
+    reach is no evidence either way."""
     gap = own.v_pre - own.v_own
     known = replied & np.isfinite(gap)
     marginals_known = np.isfinite(own.hm_pre) & np.isfinite(own.hm_own)
     same = replied & _equal(h_pre, own.h_own) & (~marginals_known | _equal(own.hm_pre, own.hm_own))
     safe = np.where(known, gap, 0.0)
-    return np.where(known, np.where(safe == 0, np.where(same, 0.0, -1.0), np.sign(safe)), 0.0)
+    plain = np.where(safe == 0, np.where(same, 0.0, -1.0), np.sign(safe))
+    floor = noise_floor(own.dp_sigma_vote, 2)
+    noisy = np.where(np.abs(safe) > floor, np.sign(safe), 0.0)
+    return np.where(known, np.where(floor > 0, noisy, plain), 0.0)
 
 
 def information_evidence(
@@ -156,7 +173,8 @@ def information_evidence(
     scale = np.maximum(np.maximum(np.abs(h_rival), np.abs(own.h_own)), np.maximum(np.abs(own.hm_own), np.abs(hm_rival)))
     known = replied & np.isfinite(gap)
     safe = np.where(known, gap, 0.0)
-    return np.where(known & (np.abs(safe) > EVIDENCE_RTOL * np.where(known, scale, 0.0)), np.sign(safe), 0.0)
+    floor = np.maximum(EVIDENCE_RTOL * np.where(known, scale, 0.0), noise_floor(own.dp_sigma_entropy, 4))
+    return np.where(known & (np.abs(safe) > floor), np.sign(safe), 0.0)
 
 
 # --------------------------------------------------------------------------------------------- trusts
@@ -204,11 +222,11 @@ def memory_trust(
 
 
 def peer_trust(
-    evidence: NDArray[np.float64], state: Mapping[str, ArrayLike] | None, n: int, target: float
+    evidence: NDArray[np.float64], state: Mapping[str, ArrayLike] | None, n: int, target: float, start: float = 1.0
 ) -> NDArray[np.float64]:
     """The peer trusts [N] after this round's ``evidence``: a win adds 1 − ``target``, a loss takes ``target``, no
-    evidence (among it every client that did not reply) changes nothing; kept in [0, 1]."""
-    before = _state_vector(state, PEERS, n, 1.0, high=1.0)
+    evidence (among it every client that did not reply) changes nothing; kept in [0, 1]; ``start`` before any."""
+    before = _state_vector(state, PEERS, n, start, high=1.0)
     step = np.where(evidence > 0, 1.0 - target, np.where(evidence < 0, -target, 0.0))
     return np.clip(before + step, 0.0, 1.0)
 
@@ -293,7 +311,9 @@ def trusted_round(
     trusts = memory_trust(vote_evidence(x.h_pre, own, x.replied), x.replied, state, p.trust_memory_target)
     probed = np.isfinite(own.h_probe)  # the peer trust reads the probe's contest, where the client scored one
     peer_evidence = np.where(probed, information_evidence(own.h_probe, own.hm_probe, own, x.replied), 0.0)
-    trusts[PEERS] = peer_trust(peer_evidence, state, x.replied.shape[0], p.trust_peer_target)
+    # Under dp the server sees the clients' evidence through noise: the peers are trusted only once it is clear.
+    private = bool(np.any(np.nan_to_num(own.dp_sigma_vote) > 0) or np.any(np.nan_to_num(own.dp_sigma_entropy) > 0))
+    trusts[PEERS] = peer_trust(peer_evidence, state, x.replied.shape[0], p.trust_peer_target, 0.0 if private else 1.0)
     t, u = trusts[MEMORY], trusts[PEERS]
 
     personalized, gamma = trusted_prompts(s, t, u)
@@ -302,7 +322,8 @@ def trusted_round(
     if p.trust_global_target > 0:  # exploration: the federation's mean as a third candidate
         if not p.trust_global_info:
             gap = np.nan_to_num(own.v_global - own.v_own_global)
-            ev = np.where(x.replied & np.isfinite(own.v_global), np.sign(gap), 0.0)
+            ev = np.where(x.replied & np.isfinite(own.v_global) & (np.abs(gap) > noise_floor(own.dp_sigma_vote, 2)),
+                          np.sign(gap), 0.0)  # fmt: skip
         else:
             info = information_evidence(own.h_global, own.hm_global, own, x.replied)
             ev = np.where(np.isfinite(own.h_global), info, 0.0)

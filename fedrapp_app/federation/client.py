@@ -39,10 +39,10 @@ from fedrapp_app.federation.records import (
     INFO,
     METRICS,
     NOTES,
-    OPTIONAL_RULE_METRICS,
     PROBE_METRICS,
     PROBES,
     PROMPT,
+    RELEASED_METRICS,
     arrays_to_record,
     probe_metrics,
     prompt_to_record,
@@ -399,7 +399,7 @@ def train(msg: Message, context: Context) -> Message:
     state = method.state_dict()
     if dp:  # the upload and the scalars the rule reads leave only noised (privacy/upload.py)
         private = private_upload(
-            upload, received, {k: metrics[k] for k in ("h-pre", "h-post", *OPTIONAL_RULE_METRICS) if k in metrics},
+            upload, received, {k: metrics[k] for k in ("h-pre", "h-post", *RELEASED_METRICS) if k in metrics},
             len(pclip.classnames), (float(client.config["dp-epsilon"]), float(client.config["dp-delta"])),
             float(client.config["dp-clip"]), client.stream.num_batches, seed, client.client_id, position,
         )  # fmt: skip

@@ -30,6 +30,9 @@ METRICS = "metrics"
 CONFIG = "config"
 INFO = "info"
 NOTES = "notes"  # optional ConfigRecord of a train reply: text for the results (e.g. undecodable files)
+#: Under dp: the noise std of a released vote and of a released entropy (public: the budget, the clip, the prompt's
+#: size and the classes fix them), which the trust option reads to tell evidence from noise.
+DP_SIGMAS = ("dp-sigma-vote", "dp-sigma-entropy")
 #: Optional ArrayRecords of a train message (a rule's probes, ``aggregation.common.PROBES``): prompts to score
 #: beside the own prompt; each one's scores come back as ``h-<x>``, ``hm-<x>``, ``v-<x>``, ``v-own-<x>``.
 PROBE_METRICS = {PROBE: "probe", GLOBAL_PROBE: "global"}
@@ -38,13 +41,17 @@ PROBE_METRICS = {PROBE: "probe", GLOBAL_PROBE: "global"}
 RULE_METRICS = ("client-id", "h-pre", "h-post", "num-examples")
 #: Metrics the server rule reads when a reply has them (a reply without them is valid; the rule then sees None):
 #: what a client reports about its own last tuned prompt on the batch (FedRAPP's trust option reads them).
-OPTIONAL_RULE_METRICS = ("h-own", "hm-pre", "hm-own", "v-pre", "v-own") + tuple(
-    f"{kind}-{x}" for x in PROBE_METRICS.values() for kind in ("h", "hm", "v", "v-own")
+OPTIONAL_RULE_METRICS = (
+    ("h-own", "hm-pre", "hm-own", "v-pre", "v-own")
+    + tuple(f"{kind}-{x}" for x in PROBE_METRICS.values() for kind in ("h", "hm", "v", "v-own"))
+    + DP_SIGMAS
 )
 #: The Upload fields that hold them, in the same order.
 OWN_PROMPT_FIELDS = tuple(key.replace("-", "_") for key in OPTIONAL_RULE_METRICS)
 #: Those that are neighbour votes, shares of a batch in [0, 1] (the others are entropies, >= 0).
 VOTE_METRICS = tuple(key for key in OPTIONAL_RULE_METRICS if key.startswith("v-"))
+#: The optional rule metrics that are data (released through the mechanism under dp): all but the public sigmas.
+RELEASED_METRICS = tuple(key for key in OPTIONAL_RULE_METRICS if key not in DP_SIGMAS)
 
 
 def probe_metrics(name: str, score) -> dict[str, float]:
@@ -110,6 +117,8 @@ class Upload:
     hm_global: float | None = None
     v_global: float | None = None
     v_own_global: float | None = None
+    dp_sigma_vote: float | None = None  # under dp: the noise std of a released vote (public)
+    dp_sigma_entropy: float | None = None  # the same for an entropy
 
 
 class RejectedReply(ValueError):

@@ -92,7 +92,12 @@ def private_upload(
     released = [b.reshape(s) for b, s in zip(blocks, shapes, strict=True)]
     state = {f"{TUNED}{k}": np.asarray(b, dtype=np.float32).copy() for k, b in enumerate(tuned)}
     state.update({f"{RELEASED}{k}": b.copy() for k, b in enumerate(released)})
-    return PrivateUpload(released, out.scalars, {"dp-noise": z, "dp-rounds": float(stream_batches)}, state)
+    public = {"dp-noise": z, "dp-rounds": float(stream_batches)}
+    for kind, prefix in (("vote", "v-"), ("entropy", "h")):  # the noise std of each kind of scalar released
+        sigmas = [s for name, s in cal.scalar_sigma.items() if name.startswith(prefix)]
+        if sigmas:
+            public[f"dp-sigma-{kind}"] = max(sigmas)
+    return PrivateUpload(released, out.scalars, public, state)
 
 
 def split_state(state: Mapping[str, np.ndarray] | None) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
