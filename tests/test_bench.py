@@ -803,3 +803,40 @@ def _count_misses(kept, misses: list):
         return kept(key, computed)
 
     return counting
+
+
+# ------------------------------------------------------------------------------------- the goal report
+def goal_row(labels: dict, config: dict, seed: int, accuracy: float) -> dict:
+    full = {**grid_module.DEFAULTS, **config, "seed": seed}
+    return {
+        "status": "ok",
+        "full_config": full,
+        "summary": {"micro_accuracy": accuracy},
+        "grids": {"g": {"labels": {**labels, "seed": str(seed)}}},
+    }
+
+
+def test_the_goal_report_keys_cells_by_config_not_by_label_names(tmp_path):
+    """Two grids that call the same setting and rules by other names land in one table; the gain is paired by
+    seed against the better of none-fed and FedAvg; a miss by more than 0.2 points is marked."""
+    from fedrapp_app.bench.goal import collect, goal_tables, identity
+
+    continual = {"shift": "continual", "shift-period": 2}
+    rows = []
+    for seed, (nf, fa, ours, theirs) in enumerate([(0.50, 0.55, 0.549, 0.540), (0.52, 0.51, 0.525, 0.50)]):
+        rows += [
+            goal_row({"stream": "moving", "rule": "local"}, {**continual, "strategy": "none-fed"}, seed, nf),
+            goal_row({"setting": "cont", "rule": "avg"}, {**continual, "strategy": "fedavg"}, seed, fa),
+            goal_row(
+                {"setting": "cont", "rule": "ours"}, {**continual, "strategy": "fedrapp", "trust": True}, seed, ours
+            ),
+            goal_row({"x": "y"}, {**continual, "strategy": "fedrapp"}, seed, theirs),
+        ]
+    assert identity(rows[0]["full_config"]).setting == identity(rows[1]["full_config"]).setting
+    collected = collect(rows)
+    text, verdicts = goal_tables(collected, {})
+    ours_key = next(k for k in verdicts if "trust=True" in k[2])
+    theirs_key = next(k for k in verdicts if k[2] == "strategy=fedrapp")
+    assert verdicts[ours_key].gain.mean == pytest.approx(np.mean([0.549 - 0.55, 0.525 - 0.52]))
+    assert verdicts[ours_key].met and not verdicts[theirs_key].met  # -0.10 vs best: met; -0.60 + ...: missed
+    assert "✗" in text and "Goal met: strategy=fedrapp trust=True: 1 of 1, strategy=fedrapp: 0 of 1" in text
