@@ -13,7 +13,9 @@ from fedrapp_app.bench.continual import memory_at_switches, write_report
 def _cell(bench: Path, stream: str, rule: str, seed: int, acc: float, **summary) -> dict:
     run_dir = bench / "runs" / f"{stream}-{rule}-{seed}"
     run_dir.mkdir(parents=True)
-    (run_dir / "summary.json").write_text(json.dumps({"micro_accuracy": acc, **summary}))
+    strategy = {"local": "none-fed", "none-fed": "none-fed"}.get(rule, "fedrapp")
+    config = {"strategy": strategy, "num-clients": 4, **summary.pop("config", {})}
+    (run_dir / "summary.json").write_text(json.dumps({"micro_accuracy": acc, "config": config, **summary}))
     return {
         "key": f"{stream}-{rule}-{seed}",
         "id": f"{stream}-{rule}-{seed}",
@@ -43,6 +45,29 @@ def test_the_report_marks_a_gain_below_the_goal_and_lists_the_switches(tmp_path)
     assert "| fedrapp | 60.25 ± 1.77 (-0.75 ± 0.35 ✗) |" in text
     assert "| continual | fedrapp | 8 | 50.00 ± 0.00 | 1.00 ± 0.00 | 2 | +2.00 ± 0.00 |" in text
     assert "| fedrapp | 25.00 | 37.50 |" in text  # late joiner: client 3 alone; held-out accuracy
+
+
+def test_the_report_finds_moving_streams_and_populations_by_config_whatever_their_labels(tmp_path):
+    """A grid of one's own, with other label names: the gains, the switches and the late joiners are still found
+    (from the cells' configs and summaries), and a table with nothing to show says so."""
+    switches = {"switches": 2, "post_switch_accuracy": 0.5, "recovery_batches": 1.0, "unrecovered": 0,
+                "forgetting": 0.0}  # fmt: skip
+    late = {"config": {"late-clients": 1}, "per_client_accuracy": {"3": 0.25}, "per_client_samples": {"3": 30}}
+    cells = [
+        _cell(tmp_path, "my moving one", "local", 0, 0.600, switches=switches),
+        _cell(tmp_path, "my moving one", "mine", 0, 0.610, switches=switches),
+        _cell(tmp_path, "newcomers", "mine", 0, 0.5, **late),
+    ]
+    (tmp_path / "cells.jsonl").write_text("".join(json.dumps(c) + "\n" for c in cells))
+    text = write_report(tmp_path, tmp_path / "out").read_text()
+    assert "| mine | 61.00 (+1.00) | 50.00 |" in text  # the gain over the rule whose config is none-fed
+    assert "| my moving one | mine | 2 | 50.00 | 1.00 | 0 | +0.00 |" in text
+    assert "| mine | 25.00 | – |" in text
+    empty = [_cell(tmp_path / "b", "still", "local", 0, 0.6), _cell(tmp_path / "b", "still", "mine", 0, 0.6)]
+    (tmp_path / "b" / "cells.jsonl").write_text("".join(json.dumps(c) + "\n" for c in empty))
+    text = write_report(tmp_path / "b", tmp_path / "b" / "out").read_text()
+    assert "No cell of this method has a client that switched domains" in text
+    assert "No cell of this method has late or held-out clients" in text
 
 
 def _row(rnd: int, client: int, domain: str, mu: float, peers: dict) -> dict:

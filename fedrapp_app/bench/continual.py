@@ -29,9 +29,6 @@ from fedrapp_app.bench.stats import Stat, mean_std
 
 #: What a gain below counts as a miss against none-fed (points of accuracy, as a share).
 GOAL = -0.002
-#: The moving streams, whose switches are measured.
-MOVING = ("continual", "gradual")
-
 Key = tuple[str, str, str]  # (method, stream, rule)
 
 
@@ -76,6 +73,19 @@ def gain(cells: Mapping[int, Mapping[str, Any]], reference: Mapping[int, Mapping
     return mean_std(cells[s]["acc"] - reference[s]["acc"] for s in sorted(set(cells) & set(reference)))
 
 
+def none_fed(
+    collected: Mapping[Key, Mapping[int, Mapping[str, Any]]], method: str, stream: str
+) -> Mapping[int, Mapping[str, Any]] | None:
+    """The none-fed cells of (method, stream): by their config's strategy (or, for summaries without a config,
+    the rule label ``none-fed``)."""
+    for (m, s, rule), by_seed in collected.items():
+        if m == method and s == stream:
+            strategy = _config(next(iter(by_seed.values()))).get("strategy")
+            if strategy == "none-fed" or (strategy is None and rule == "none-fed"):
+                return by_seed
+    return None
+
+
 def accuracy_table(collected: Mapping[Key, Mapping[int, Mapping[str, Any]]], method: str) -> str:
     """Rows: rules; columns: streams; a cell: accuracy (gain over none-fed, ✗ below the goal)."""
     streams = list(dict.fromkeys(s for m, s, _ in collected if m == method))
@@ -89,8 +99,9 @@ def accuracy_table(collected: Mapping[Key, Mapping[int, Mapping[str, Any]]], met
                 cells.append("–")
                 continue
             text = _stat(v["acc"] for v in by_seed.values()).format()
-            if rule != "none-fed":
-                g = gain(by_seed, collected.get((method, stream, "none-fed")))
+            reference = none_fed(collected, method, stream)
+            if reference is not None and reference is not by_seed:
+                g = gain(by_seed, reference)
                 miss = " ✗" if g.n and g.mean < GOAL else ""
                 text += f" ({g.format(signed=True)}{miss})" if g.n else ""
             cells.append(text)
@@ -103,7 +114,7 @@ def calibration_table(collected: Mapping[Key, Mapping[int, Mapping[str, Any]]], 
     streams = list(dict.fromkeys(s for m, s, _ in collected if m == method))
     rules = list(dict.fromkeys(r for m, _, r in collected if m == method))
     lines = ["| ECE (%) | " + " | ".join(streams) + " |", "|---|" + "---|" * len(streams)]
-    before = [_stat(v["ece_before"] for v in collected.get((method, s, "none-fed"), {}).values()) for s in streams]
+    before = [_stat(v["ece_before"] for v in (none_fed(collected, method, s) or {}).values()) for s in streams]
     lines.append("| none-fed, before adaptation | " + " | ".join(b.format() for b in before) + " |")
     for rule in rules:
         values = [_stat(v["ece"] for v in collected.get((method, s, rule), {}).values()) for s in streams]
@@ -111,16 +122,28 @@ def calibration_table(collected: Mapping[Key, Mapping[int, Mapping[str, Any]]], 
     return "\n".join(lines)
 
 
+def _config(cell: Mapping[str, Any]) -> Mapping[str, Any]:
+    """A cell's run config as its ``summary.json`` records it (empty for a summary without one)."""
+    return cell["summary"].get("config") or {}
+
+
+def _switched(by_seed: Mapping[int, Mapping[str, Any]]) -> bool:
+    """Whether the cell's streams switched domains (its summaries say so, whatever its grid calls it)."""
+    return any((v["summary"].get("switches") or {}).get("switches", 0) > 0 for v in by_seed.values())
+
+
 def switch_table(collected: Mapping[Key, Mapping[int, Mapping[str, Any]]], method: str) -> str:
-    """Post-switch accuracy, recovery, unrecovered switches and forgetting, per (stream, rule) of the moving
-    streams, mean over seeds (unrecovered: summed)."""
+    """Post-switch accuracy, recovery, unrecovered switches and forgetting, per (stream, rule) of the streams whose
+    clients switched domains (by their summaries, not by the streams' names), mean over seeds (unrecovered:
+    summed)."""
     lines = [
         "| stream | rule | switches | post-switch acc. (%) | recovery (batches) | unrecovered | forgetting (points) |",
         "|---|---|---|---|---|---|---|",
     ]
-    for (m, stream, rule), by_seed in collected.items():
-        if m != method or stream not in MOVING:
-            continue
+    moving = [(k, v) for k, v in collected.items() if k[0] == method and _switched(v)]
+    if not moving:
+        return "No cell of this method has a client that switched domains (no moving stream in the grid)."
+    for (_, stream, rule), by_seed in moving:
         switches = [v["summary"].get("switches") or {} for v in by_seed.values()]
         count = sum(s.get("switches", 0) for s in switches)
         post = _stat(s.get("post_switch_accuracy") for s in switches)
@@ -142,18 +165,26 @@ def _client_accuracy(summary: Mapping[str, Any], clients: Sequence[int]) -> floa
 
 
 def population_table(collected: Mapping[Key, Mapping[int, Mapping[str, Any]]], method: str) -> str:
-    """The late joiners' accuracy (``late``: the ids just below the held-out ones) and the held-out clients'."""
+    """The late joiners' accuracy (the ids just below the held-out ones) and the held-out clients', per rule, over
+    the cells whose config has late or held-out clients (whatever their grid calls them)."""
     lines = ["| rule | late joiners' accuracy (%) | held-out clients' accuracy (%) |", "|---|---|---|"]
     rules = list(dict.fromkeys(r for m, _, r in collected if m == method))
+    found = False
     for rule in rules:
-        late, held = collected.get((method, "late", rule), {}), collected.get((method, "held-out", rule), {})
-        late_acc = []
-        for cell in late.values():
-            config = cell["summary"].get("config", {})
+        cells = [c for (m, _, r), by in collected.items() if m == method and r == rule for c in by.values()]
+        late_acc, held_acc = [], []
+        for cell in cells:
+            config = _config(cell)
             n, count = int(config.get("num-clients", 0)), int(config.get("late-clients", 0))
-            late_acc.append(_client_accuracy(cell["summary"], range(n - count, n)))
-        held_acc = _stat(cell["summary"].get("held_out_accuracy") for cell in held.values())
-        lines.append(f"| {rule} | {_stat(late_acc).format()} | {held_acc.format()} |")
+            held = int(config.get("held-out-clients", 0))
+            if count:
+                late_acc.append(_client_accuracy(cell["summary"], range(n - held - count, n - held)))
+            if cell["summary"].get("held_out_accuracy") is not None:
+                held_acc.append(cell["summary"]["held_out_accuracy"])
+        found = found or bool(late_acc or held_acc)
+        lines.append(f"| {rule} | {_stat(late_acc).format()} | {_stat(held_acc).format()} |")
+    if not found:
+        return "No cell of this method has late or held-out clients (late-clients, held-out-clients in its config)."
     return "\n".join(lines)
 
 
@@ -192,14 +223,25 @@ def memory_table(collected: Mapping[Key, Mapping[int, Mapping[str, Any]]], metho
         "| rule | stream | batches since the switch | μ | same-domain peer share (%) |",
         "|---|---|---|---|---|",
     ]
-    for rule in ("fedrapp", "fedrapp+trust"):
-        for stream in ("fixed", "continual"):
-            cells = collected.get((method, stream, rule), {})
-            horizon = 0 if stream == "fixed" else 3  # fixed streams never switch: one row
-            table = memory_at_switches((c["run_dir"] for c in cells.values() if c["run_dir"]), horizon)
-            for k, (mu, share) in table.items():
-                since = "no switch" if stream == "fixed" else (f"{k}+" if k == horizon else str(k))
-                lines.append(f"| {rule} | {stream} | {since} | {mu.format(scale=1.0, digits=3)} | {share.format()} |")
+    fedrapp = [
+        (rule, stream, by)
+        for (m, stream, rule), by in collected.items()
+        if m == method and any(_config(c).get("strategy") == "fedrapp" for c in by.values())
+    ]
+    for rule, stream, cells in fedrapp:
+        config = _config(next(iter(cells.values())))
+        changes = ("late-clients", "held-out-clients", "drop-rate")
+        plain = config.get("shift", "fixed") == "fixed" and config.get("stream-order", "random") == "random"
+        plain = plain and not any(config.get(k) for k in changes) and not _switched(cells)
+        if not (plain or config.get("shift") == "continual"):
+            continue
+        horizon = 0 if plain else 3  # fixed streams never switch: one row
+        table = memory_at_switches((c["run_dir"] for c in cells.values() if c["run_dir"]), horizon)
+        for k, (mu, share) in table.items():
+            since = "no switch" if plain else (f"{k}+" if k == horizon else str(k))
+            lines.append(f"| {rule} | {stream} | {since} | {mu.format(scale=1.0, digits=3)} | {share.format()} |")
+    if len(lines) == 2:
+        return "No FedRAPP cell of this method on fixed or continual streams (strategy, shift in its config)."
     return "\n".join(lines)
 
 
