@@ -142,6 +142,22 @@ def set_threads(threads: int | None) -> None:
         torch.set_num_threads(threads)
 
 
+@contextmanager
+def _seeded_dp_noise() -> Iterator[None]:
+    """Under dp a cell's noise seeded (``FEDRAPP_DP_SEED``, unless the user set one): a benchmark is an experiment,
+    whose rows must come out the same on a rerun; a deployment draws its noise from the OS (docs/privacy.md)."""
+    from fedrapp_app.privacy.upload import SEED_ENV
+
+    if os.environ.get(SEED_ENV):
+        yield
+        return
+    os.environ[SEED_ENV] = "fedrapp-bench"
+    try:
+        yield
+    finally:
+        os.environ.pop(SEED_ENV, None)
+
+
 #: Batches and image-tower outputs a worker process keeps for its next cells (``engine.reuse``): a testbed setting
 #: and seed has 80 batches of each (about 0.2 MB a rendered batch, a few KB of features), so 1024 hold a setting's
 #: three seeds, which the grid runs one after the other.
@@ -172,7 +188,7 @@ def run_cell(
     config = {**overrides, "output-dir": str(runs_dir), "run-name": cell_id, "resume": resume}
     validated = RunConfig.from_run_config(config)
     start = time.perf_counter()
-    with reuse.on(REUSE_ENTRIES):  # the cells of a setting and seed see the same batches: render and embed once
+    with reuse.on(REUSE_ENTRIES), _seeded_dp_noise():  # a setting's cells see the same batches: render, embed once
         grid = InProcessGrid(client_app, int(validated["num-clients"]), config)
         try:
             summary = run_server(grid, config, on_round=on_round)
