@@ -8,9 +8,12 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import http.server
+import shlex
+import shutil
 import socket
 import ssl
 import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -303,3 +306,72 @@ def test_the_wait_fails_at_once_on_a_certificate_the_connection_refuses_and_afte
     err = capsys.readouterr().err
     assert "did not answer within 1 s (last: Connection refused)" in err and len(err.strip().splitlines()) == 1
     assert link.main(["wait", "nowhere"]) == 1 and "'nowhere' not found" in capsys.readouterr().err
+
+
+# ------------------------------------------------------------------------------------------- 6. the units
+UNITS = ROOT / "conf" / "systemd"
+
+
+def unit_commands(unit: Path, instance: str = "0") -> dict[str, list[str]]:
+    """A unit's ``Exec*`` lines (continuations joined), ``%i`` and the ``${VAR}`` of the example env file
+    substituted, split into words as systemd splits them."""
+    env = {}
+    for line in (UNITS / "supernode-0.env").read_text().splitlines():
+        if "=" in line and not line.lstrip().startswith("#"):
+            key, value = line.split("=", 1)
+            env[key] = value.strip('"')
+    text = unit.read_text().replace("\\\n", " ").replace("%i", instance)
+    commands = {}
+    for line in text.splitlines():
+        key, sep, value = line.partition("=")
+        if sep and key.startswith("Exec"):
+            for name, val in env.items():
+                value = value.replace("${" + name + "}", val)
+            commands[key] = shlex.split(value)
+    return commands
+
+
+def test_the_units_start_the_guides_programs_with_options_they_accept():
+    """Every option in the shipped units parses with the program's own parser (a misspelt flag would make the unit
+    fail at its first start)."""
+    from flwr.superlink.cli.flower_superlink import _parse_args_run_superlink
+    from flwr.supernode.cli.flower_supernode import _parse_args_run_supernode
+
+    from fedrapp_app.deploy import cli as executor_cli
+
+    parsers = {
+        "flower-superlink": lambda argv: _parse_args_run_superlink().parse_args(argv),
+        "flower-supernode": lambda argv: _parse_args_run_supernode().parse_args(argv),
+        "fedrapp-superexec": lambda argv: executor_cli.options_from(executor_cli.parser().parse_args(argv)),
+        "fedrapp-link": lambda argv: link.parser().parse_args(argv),
+    }
+    seen = set()
+    for unit in sorted(UNITS.glob("*.service")):
+        for key, words in unit_commands(unit).items():
+            program = Path(words[0]).name
+            assert words[0] == f"/opt/fedrapp/.venv/bin/{program}", (unit.name, key, words[0])
+            parsers[program](words[1:])
+            seen.add(program)
+    assert seen == set(parsers)
+    node = unit_commands(UNITS / "fedrapp-supernode@.service", "3")["ExecStart"]
+    assert node[node.index("--node-config") + 1] == "client-id=3 state-dir='/var/lib/fedrapp/state' "
+    assert node[node.index("--auth-supernode-private-key") + 1] == "/etc/fedrapp/keys/client3"
+
+
+@pytest.mark.skipif(shutil.which("systemd-analyze") is None, reason="systemd-analyze is not installed here")
+def test_the_units_pass_systemd_analyze_verify(tmp_path):
+    """As installed, with the code's folder where this interpreter's environment is (systemd checks that every
+    command exists and is executable)."""
+    bindir = str(Path(sys.executable).parent) + "/"
+    for unit in UNITS.glob("*.service"):
+        (tmp_path / unit.name).write_text(unit.read_text().replace("/opt/fedrapp/.venv/bin/", bindir))
+    names = ["fedrapp-superlink.service", "fedrapp-supernode@0.service", "fedrapp-superexec@0.service"]
+    done = subprocess.run(
+        ["systemd-analyze", "verify", *(f"./{name}" for name in names)],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    output = done.stdout + done.stderr
+    assert done.returncode == 0 and not output.strip(), output
