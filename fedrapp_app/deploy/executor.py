@@ -144,24 +144,27 @@ def stats_writer(path: Path | None) -> Callable[[TaskRecord], None]:
 
     def write(record: TaskRecord) -> None:
         row, done = stats_row(record), record.done
-        if done.status != "completed":
+        if " reaped: " in done.details:  # the pool said so in its own line
+            outcome, level = "", 0
+        elif done.status != "completed":
             outcome, level = f"failed ({done.details})", WARNING
         elif done.reply_error:
             outcome, level = f"error reply ({done.reply_error.splitlines()[0][:300]})", WARNING
         else:
             outcome, level = "ok", INFO
-        log(
-            level,
-            "task %d of run %d: %s in %.2f s (ClientApp %.2f s, own overhead %s s), worker %d, RSS %.0f MiB",
-            row["task_id"],
-            row["run_id"],
-            outcome,
-            done.seconds.get("total", 0.0),
-            done.seconds.get("app", 0.0),
-            row["own_seconds"],
-            record.worker_pid,
-            done.rss_bytes / 2**20,
-        )
+        if level:
+            log(
+                level,
+                "task %d of run %d: %s in %.2f s (ClientApp %.2f s, own overhead %s s), worker %d, RSS %.0f MiB",
+                row["task_id"],
+                row["run_id"],
+                outcome,
+                done.seconds.get("total", 0.0),
+                done.seconds.get("app", 0.0),
+                row["own_seconds"],
+                record.worker_pid,
+                done.rss_bytes / 2**20,
+            )
         if path is not None:
             with path.open("a") as out:
                 out.write(json.dumps(row) + "\n")
