@@ -36,7 +36,7 @@ from flwr.supercore.constant import TaskType
 
 from fedrapp_app.deploy import executor as warm_executor
 from fedrapp_app.deploy.pool import WarmPool
-from fedrapp_app.deploy.protocol import Activated, Done, Pulled, Ready, TaskSpec
+from fedrapp_app.deploy.protocol import Activated, Done, Pulled, Ready, Started, TaskSpec
 from fedrapp_app.federation.client import app as client_app
 from fedrapp_app.federation.inprocess import InProcessGrid
 from fedrapp_app.federation.server import main as server_main
@@ -256,14 +256,15 @@ def test_a_resumed_run_logs_the_positions_its_clients_go_on_at(tiny_model, tmp_p
 # ---------------------------------------------------------------------- the warm executor after the restart
 def hanging_or_ok_worker(conn, executor_pid: int, preloaded: tuple[str, ...]) -> None:
     """A warm worker (the executor <-> worker protocol) whose task token says what it does: ``ok``, ``slow``
-    (0.5 s), or ``hang`` (it pulls the task's message header and then waits for its content forever, as a worker
-    does whose message the SuperNode gave up on)."""
+    (0.5 s in the ClientApp), or ``hang`` (it pulls the task's message header and then waits for its content
+    forever, as a worker does whose message the SuperNode gave up on)."""
     conn.send(Ready(os.getpid()))
     while (spec := conn.recv()) is not None:
         conn.send(Activated(spec.task_id))
         conn.send(Pulled(spec.task_id, b"header", 5))
         if spec.token == "hang":
             time.sleep(3600)
+        conn.send(Started(spec.task_id))
         if spec.token == "slow":
             time.sleep(0.5)
         conn.send(Done(spec.task_id, "completed", "", "", {"app": 0.01, "total": 0.02}, 0.01, 1, False))
@@ -291,16 +292,24 @@ class SuperNodeAfterTheRestart:
         pass
 
 
-def test_the_warm_executor_serves_a_new_runs_task_while_one_its_supernode_gave_up_on_still_waits(monkeypatch):
+def test_the_warm_executor_serves_a_new_runs_task_and_reaps_the_one_its_supernode_gave_up_on(monkeypatch):
     """Flower 1.42's SuperNode can leave a task open for a message it gave up on (a run that stopped while it
     fetched the message, as after a SuperLink restart) and go on to the next run's messages. Before, the warm
     executor asked for nothing while a task was in flight: the resumed run's discovery went unanswered for
-    140 s on both nodes (followed on loopback with TLS; node-wait-timeout 120 s: the resume failed)."""
+    140 s on both nodes (followed on loopback with TLS; node-wait-timeout 120 s: the resume failed). Then it served
+    the new task next to the old one, whose worker lived on beside the new run's, despite --max-workers 1 (issue
+    36: ~384 MB, minutes after the crash). Now the old task is reaped the moment the new one arrives."""
     done: list = []
+    ended: list = []
     monkeypatch.setattr(
         warm_executor.RuntimeHttpClient, "from_server_address", lambda **kwargs: SuperNodeAfterTheRestart(done)
     )
-    pool = WarmPool(preload=(Path(__file__).stem,), on_done=done.append, target=hanging_or_ok_worker)
+    pool = WarmPool(
+        preload=(Path(__file__).stem,),
+        on_done=done.append,
+        target=hanging_or_ok_worker,
+        end=lambda spec, reason: ended.append((spec.task_id, reason)) or True,
+    )
     monkeypatch.setattr(warm_executor, "WarmPool", lambda **kwargs: pool)
     monkeypatch.setenv(
         "PYTHONPATH", os.pathsep.join(filter(None, [str(Path(__file__).parent), os.environ.get("PYTHONPATH")]))
@@ -315,32 +324,86 @@ def test_the_warm_executor_serves_a_new_runs_task_while_one_its_supernode_gave_u
         guard.cancel()
     served = {record.spec.task_id: record for record in done}
     assert 2 in served and served[2].done.status == "completed", "the new run's task was not served"
-    assert 1 not in served  # the given-up task still waited (its worker was stopped with the executor)
+    assert served[1].done.status == "failed" and "went on to task 2 of run 222" in served[1].done.details
+    assert [task for task, _ in ended] == [1]  # ended without a reply, which would stand in for task 2's
+    assert not chaos.alive(served[1].worker_pid) and served[1].worker_pid != served[2].worker_pid
     assert time.monotonic() - started < 30.0
 
 
-def test_a_task_for_a_busy_workers_run_waits_for_it_and_is_served_next(monkeypatch):
-    """Now that the executor asks while a task is in flight, a task of the same run can arrive before the worker
-    is free: it is queued for that worker (before, it would have replaced the task in flight in the books)."""
+@pytest.fixture
+def fake_pool(monkeypatch):
+    """A pool of fake workers (``hanging_or_ok_worker``), one slot; what it ended, and every record."""
     monkeypatch.setenv(
         "PYTHONPATH", os.pathsep.join(filter(None, [str(Path(__file__).parent), os.environ.get("PYTHONPATH")]))
     )
     done: list = []
-    pool = WarmPool(preload=(Path(__file__).stem,), on_done=done.append, target=hanging_or_ok_worker)
-    try:
-        specs = [
-            TaskSpec(task_id, 7, "f" * 64, token, "127.0.0.1:9", True, None, time.time())
-            for task_id, token in ((1, "slow"), (2, "ok"))
-        ]
-        for spec in specs:
-            pool.submit(spec)
-        deadline = time.monotonic() + 30
-        while pool.busy and time.monotonic() < deadline:
-            pool.wait(0.05)
-        assert [record.spec.task_id for record in done] == [1, 2]
-        assert done[0].worker_pid == done[1].worker_pid and [r.worker_tasks for r in done] == [1, 2]
-    finally:
-        pool.close()
+    ended: list = []
+    pool = WarmPool(
+        preload=(Path(__file__).stem,),
+        on_done=done.append,
+        target=hanging_or_ok_worker,
+        end=lambda spec, reason: ended.append(spec.task_id) or True,
+    )
+    pool.done, pool.ended = done, ended  # type: ignore[attr-defined]
+    yield pool
+    pool.close()
+
+
+def _spec(task_id: int, run_id: int, token: str) -> TaskSpec:
+    return TaskSpec(task_id, run_id, "f" * 64, token, "127.0.0.1:9", True, None, time.time())
+
+
+def _until(pool: WarmPool, done, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not done() and time.monotonic() < deadline:
+        pool.reconcile()
+        pool.wait(0.05)
+    assert done(), "gave up waiting"
+
+
+def _workers_alive(pool: WarmPool) -> list[int]:
+    return [pid for pid in pool.worker_pids().values() if chaos.alive(pid)]
+
+
+def test_a_task_for_a_busy_workers_run_waits_for_it_and_is_served_next(fake_pool):
+    """Now that the executor asks while a task is in flight, a task of the same run can arrive before the worker
+    is free (its reply is in, its task not yet ended): it is queued for that worker (before, it would have replaced
+    the task in flight in the books)."""
+    fake_pool.submit(_spec(1, 7, "slow"))
+    _until(fake_pool, lambda: any(w.started for w in fake_pool._workers.values()))
+    fake_pool.submit(_spec(2, 7, "ok"))
+    _until(fake_pool, lambda: not fake_pool.busy)
+    done = fake_pool.done
+    assert [record.spec.task_id for record in done] == [1, 2] and fake_pool.ended == []
+    assert done[0].worker_pid == done[1].worker_pid and [r.worker_tasks for r in done] == [1, 2]
+
+
+def test_a_task_whose_message_never_comes_is_reaped_after_the_orphan_timeout(fake_pool):
+    """No next task arrives (nobody resumed the crashed run): the worker and its model still go, within the bound."""
+    fake_pool.orphan_timeout = 1.0
+    fake_pool.submit(_spec(1, 111, "hang"))
+    started = time.monotonic()
+    _until(fake_pool, lambda: not fake_pool.busy)
+    assert 1.0 <= time.monotonic() - started < 10.0
+    [record] = fake_pool.done
+    assert record.done.status == "failed" and "has not arrived after" in record.done.details
+    assert fake_pool.ended == [1] and not chaos.alive(record.worker_pid) and fake_pool.worker_pids() == {}
+
+
+def test_every_worker_counts_against_max_workers_a_new_runs_task_waits_for_the_busy_slot(fake_pool):
+    """The moment between a task's reply and its end, when the SuperNode already hands out the next run's message:
+    the new run's worker starts only once the old task is done (before: two workers, with --max-workers 1)."""
+    fake_pool.submit(_spec(1, 111, "ok"))
+    _until(fake_pool, lambda: not fake_pool.busy)
+    fake_pool.submit(_spec(2, 111, "slow"))
+    _until(fake_pool, lambda: any(w.started for w in fake_pool._workers.values()))
+    fake_pool.submit(_spec(3, 222, "ok"))  # a task of another run while run 111's worker is in its ClientApp
+    assert len(_workers_alive(fake_pool)) == 1 and fake_pool.busy
+    _until(fake_pool, lambda: not fake_pool.busy)
+    records = {r.spec.task_id: r for r in fake_pool.done}
+    assert [records[t].done.status for t in (1, 2, 3)] == ["completed"] * 3 and fake_pool.ended == []  # none reaped
+    assert records[3].worker_pid != records[2].worker_pid and not chaos.alive(records[2].worker_pid)
+    assert list(fake_pool.worker_pids()) == [(222, "f" * 64)]
 
 
 # ------------------------------------------------------------------------------------------- loopback (slow)

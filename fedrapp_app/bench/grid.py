@@ -174,7 +174,7 @@ def run_cell(
 
     A cell cut short (its run folder holds a server checkpoint) resumes after its last finished round
     (``resume = true``: the same results as an uninterrupted run); a checkpoint of a run with other
-    settings is overwritten by a fresh run.
+    settings, or rows without a checkpoint, are overwritten by a fresh run (``run_server(..., overwrite=True)``).
     """
     from fedrapp_app.config import RunConfig
     from fedrapp_app.data import client_domains
@@ -190,15 +190,15 @@ def run_cell(
     start = time.perf_counter()
     with reuse.on(REUSE_ENTRIES), _seeded_dp_noise():  # a setting's cells see the same batches: render, embed once
         grid = InProcessGrid(client_app, int(validated["num-clients"]), config)
-        try:
-            summary = run_server(grid, config, on_round=on_round)
+        try:  # the runner owns its cell folders: without a checkpoint, what a folder holds is a cut cell's leftovers
+            summary = run_server(grid, config, on_round=on_round, overwrite=not resume)
         except ConfigError as err:  # the config was valid above: the checkpoint is of another run
             if not resume:
                 raise
             log.warning("cell %s: its checkpoint cannot be resumed (%s); running it from the start", cell_id, err)
             config["resume"] = False
             grid = InProcessGrid(client_app, int(validated["num-clients"]), config)
-            summary = run_server(grid, config, on_round=on_round)
+            summary = run_server(grid, config, on_round=on_round, overwrite=True)
     seconds = time.perf_counter() - start
     run_dir = Path(summary["run_dir"])
     rounds = [json.loads(line) for line in (run_dir / "rounds.jsonl").read_text().splitlines() if line]

@@ -9,4 +9,7 @@ Modules, by role: ``version`` (the supported Flower versions, checked first), ``
 ``executor`` (the task loop), ``pool`` (the workers: start, dispatch, replace), ``worker`` (serving a task
 in a worker), ``runtime`` (the Runtime API client and heartbeat), ``recovery`` (answering a dead worker's
 task), ``protocol`` (executor <-> worker messages), ``preload`` (what the worker server imports once).
+
+Beside it: ``link`` (``fedrapp-link``: the certificate check before a SuperLink starts, and the bounded wait for a
+SuperLink to listen) and ``loopback`` (a whole deployment on one machine, for the tests and benchmarks).
 """

@@ -61,6 +61,14 @@ def parser() -> argparse.ArgumentParser:
         help="seconds after which an idle worker is stopped and its model freed (default 1800)",
     )
     p.add_argument(
+        "--orphan-timeout",
+        type=float,
+        default=300.0,
+        help="seconds a task may wait for its message's content before its worker is stopped and the task ended "
+        "(a message the SuperNode gave up on, e.g. after a SuperLink crash; default 300). Such a task is reaped "
+        "at once when the SuperNode hands out the next task",
+    )
+    p.add_argument(
         "--preload",
         default=DEFAULT_PRELOAD,
         help=f"comma-separated modules the worker server imports once (default {DEFAULT_PRELOAD}: torch, "
@@ -90,6 +98,8 @@ def options_from(args: argparse.Namespace):  # -> ExecutorOptions
         raise CliError(f"--max-workers must be at least 1, got {args.max_workers}")
     if args.idle_timeout <= 0:
         raise CliError(f"--idle-timeout must be a positive number of seconds, got {args.idle_timeout}")
+    if args.orphan_timeout <= 0:
+        raise CliError(f"--orphan-timeout must be a positive number of seconds, got {args.orphan_timeout}")
     if args.insecure and args.root_certificates:
         raise CliError("--insecure and --root-certificates contradict each other: give one of them")
     if args.root_certificates and not Path(args.root_certificates).is_file():
@@ -111,6 +121,7 @@ def options_from(args: argparse.Namespace):  # -> ExecutorOptions
         poll_interval=args.poll_interval,
         max_workers=args.max_workers,
         idle_timeout=args.idle_timeout,
+        orphan_timeout=args.orphan_timeout,
         preload=preload,
         stats_path=args.stats,
     )

@@ -6,8 +6,8 @@ loop is the same, built from the same Flower classes (the Runtime API client and
 ``AutoExecPlugin`` task routing, ``SubprocessExecutor`` for the task types we do not serve warm), except
 that ClientApp tasks go to a ``WarmPool``. It asks for a task every ``poll_interval`` while none is in
 flight and every ``BUSY_POLL_INTERVAL`` while one is (a SuperNode serves one message at a time, so a task
-arriving then means the SuperNode went on without the one in flight: that one waits for a message that never
-comes, and the new one is served next to it), and wakes up as soon as a worker reports.
+arriving while one still waits for its message's content means the SuperNode gave that message up: the pool
+reaps that task and serves the new one), and wakes up as soon as a worker reports.
 """
 
 from __future__ import annotations
@@ -43,9 +43,9 @@ from fedrapp_app.deploy.protocol import TaskSpec
 _AUTH_METHODS = frozenset({"/flwr.proto.Runtime/AcquireTask"})
 #: Seconds between asks for a task while one is in flight. Flower 1.42's SuperNode can give up on a message
 #: without ending its task (a run that stopped while the SuperNode fetched the message, as after a SuperLink
-#: restart): that task's worker then waits minutes for the message, while the SuperNode has gone on to the next
-#: run's messages. Before this, the executor asked for nothing while a task was in flight, and a resumed run's
-#: discovery went unanswered on such a node for 140 s (measured).
+#: restart): that task's worker then waits for content that never comes, while the SuperNode has gone on to the
+#: next run's messages. Before the executor asked while a task was in flight, a resumed run's discovery went
+#: unanswered on such a node for 140 s (measured); now its arrival also reaps the waiting task (``pool``).
 BUSY_POLL_INTERVAL = 1.0
 
 
@@ -62,6 +62,7 @@ class ExecutorOptions:
     poll_interval: float = 0.2
     max_workers: int = 1
     idle_timeout: float = 1800.0
+    orphan_timeout: float = 300.0
     preload: tuple[str, ...] = DEFAULT_PRELOAD
     stats_path: Path | None = None
 
@@ -143,24 +144,27 @@ def stats_writer(path: Path | None) -> Callable[[TaskRecord], None]:
 
     def write(record: TaskRecord) -> None:
         row, done = stats_row(record), record.done
-        if done.status != "completed":
+        if " reaped: " in done.details:  # the pool said so in its own line
+            outcome, level = "", 0
+        elif done.status != "completed":
             outcome, level = f"failed ({done.details})", WARNING
         elif done.reply_error:
             outcome, level = f"error reply ({done.reply_error.splitlines()[0][:300]})", WARNING
         else:
             outcome, level = "ok", INFO
-        log(
-            level,
-            "task %d of run %d: %s in %.2f s (ClientApp %.2f s, own overhead %s s), worker %d, RSS %.0f MiB",
-            row["task_id"],
-            row["run_id"],
-            outcome,
-            done.seconds.get("total", 0.0),
-            done.seconds.get("app", 0.0),
-            row["own_seconds"],
-            record.worker_pid,
-            done.rss_bytes / 2**20,
-        )
+        if level:
+            log(
+                level,
+                "task %d of run %d: %s in %.2f s (ClientApp %.2f s, own overhead %s s), worker %d, RSS %.0f MiB",
+                row["task_id"],
+                row["run_id"],
+                outcome,
+                done.seconds.get("total", 0.0),
+                done.seconds.get("app", 0.0),
+                row["own_seconds"],
+                record.worker_pid,
+                done.rss_bytes / 2**20,
+            )
         if path is not None:
             with path.open("a") as out:
                 out.write(json.dumps(row) + "\n")
@@ -179,6 +183,7 @@ def serve(options: ExecutorOptions) -> None:
         idle_timeout=options.idle_timeout,
         preload=options.preload,
         on_done=stats_writer(options.stats_path),
+        orphan_timeout=options.orphan_timeout,
     )
     interceptors: list[ProtobufClientInterceptor] = [
         RuntimeTracingInterceptor(),
@@ -206,7 +211,7 @@ def serve(options: ExecutorOptions) -> None:
         options.runtime_api_address,
     )
     try:
-        asked, warned = 0.0, set()
+        asked = 0.0
         while True:
             pool.reconcile()
             in_flight = pool.in_flight()
@@ -214,21 +219,6 @@ def serve(options: ExecutorOptions) -> None:
                 asked = time.monotonic()
                 response = client.AcquireTask(AcquireTaskRequest(supported_task_types=types, agentapp_fab_hashes=[]))
                 if response.HasField("task") and response.token:
-                    for spec, seconds in in_flight:
-                        if spec.task_id in warned:
-                            continue
-                        warned.add(spec.task_id)
-                        log(
-                            WARNING,
-                            "task %d of run %d arrived while task %d of run %d has been in flight for %.0f s: the "
-                            "SuperNode went on without that one (a message it gave up on, e.g. of a run that stopped "
-                            "during a SuperLink restart); serving the new tasks next to it",
-                            response.task.task_id,
-                            response.task.run_id,
-                            spec.task_id,
-                            spec.run_id,
-                            seconds,
-                        )
                     result = plugin.launch_task(response.token, response.task)
                     if result.status != LaunchResultStatus.ACCEPTED:
                         log(

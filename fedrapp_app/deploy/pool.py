@@ -10,11 +10,21 @@ A worker that dies is noticed by its process sentinel. If it held a task: not ye
 to a fresh worker (once); activated, the executor answers it as crashed (``recovery``). Either way the next
 task of that run gets a new worker: the node, the executor and the other workers go on.
 
-A SuperNode serves one message at a time, so normally one task is in flight. The exception is a task the
-SuperNode gave up on without ending it (Flower 1.42: a message of a run that stopped while the SuperNode was
-fetching it, after a SuperLink restart): its worker waits for a message that never comes while the SuperNode
-goes on to the next. A task of another run is then served by its own worker next to it; a task of the same
-run waits until that run's worker is free.
+A SuperNode serves one message at a time: it creates a task, fetches the message's content from the SuperLink,
+and waits for the reply before it takes the next message. The exception is a message the SuperNode gives up on
+while fetching it without ending its task (Flower 1.42: a run that stopped meanwhile, as after a SuperLink crash;
+``RunNotRunningException`` is not an ``Exception`` there, so the message stays in its store and the task stays
+running): its worker waits for content that never comes (Flower's limit is two hours) and keeps its model in
+memory. Such a task is **reaped**: its worker is stopped and the task ended as failed, without a reply
+(``recovery.end_abandoned_task``), as soon as
+
+- a newer task arrives while the task's content has still not arrived (``Started``): the SuperNode only takes a
+  new message once the previous one's reply is in, and a reply needs the content, so it went on without it; or
+- the content has not arrived after ``orphan_timeout`` seconds (a message of this app is a few prompts: seconds).
+
+Every worker counts against ``max_workers``, busy or idle: a task that needs a new worker while every slot is
+busy waits for one (in practice only the moment between a task's reply and its end, when the SuperNode already
+hands out the next message). A task of a run whose worker is busy waits for that worker.
 """
 
 from __future__ import annotations
@@ -33,14 +43,16 @@ from multiprocessing.process import BaseProcess
 
 from flwr.supercore import log
 
-from fedrapp_app.deploy.protocol import Activated, Done, Pulled, Ready, TaskSpec
-from fedrapp_app.deploy.recovery import answer_orphaned_task
+from fedrapp_app.deploy.protocol import Activated, Done, Pulled, Ready, Started, TaskSpec
+from fedrapp_app.deploy.recovery import answer_orphaned_task, end_abandoned_task
 from fedrapp_app.deploy.worker import worker_main
 
 #: Imported once by the worker server: the libraries every round needs (see ``preload``).
 DEFAULT_PRELOAD = ("fedrapp_app.deploy.preload",)
 #: How many times a task that no worker activated is handed to a fresh worker.
 MAX_RESUBMITS = 1
+#: Seconds a task may wait for its message's content before it is taken for one the SuperNode gave up on.
+ORPHAN_TIMEOUT = 300.0
 
 
 @dataclass
@@ -63,6 +75,7 @@ class _Worker:
     last_used: float
     task: TaskSpec | None = None
     progress: Activated | Pulled | None = None
+    started: bool = False  # the task's message arrived whole (``Started``)
     dispatched_at: float = 0.0
     served: int = 0
     resubmits: dict[int, int] = field(default_factory=dict)
@@ -97,23 +110,30 @@ class WarmPool:
         on_done: Callable[[TaskRecord], None] | None = None,
         target: Callable[..., None] = worker_main,
         answer: Callable[[TaskSpec, Pulled | None, str], bool] = answer_orphaned_task,
+        orphan_timeout: float = ORPHAN_TIMEOUT,
+        end: Callable[[TaskSpec, str], bool] = end_abandoned_task,
     ) -> None:
-        """``target(conn, executor_pid, preload)`` is the worker's main function and ``answer`` what answers a
-        dead worker's activated task (both replaceable for tests)."""
+        """``target(conn, executor_pid, preload)`` is the worker's main function, ``answer`` what answers a dead
+        worker's activated task and ``end`` what ends a reaped one (all replaceable for tests)."""
         if max_workers < 1:
             raise ValueError(f"max_workers must be >= 1, got {max_workers}")
         if idle_timeout <= 0:
             raise ValueError(f"idle_timeout must be > 0 seconds, got {idle_timeout}")
+        if orphan_timeout <= 0:
+            raise ValueError(f"orphan_timeout must be > 0 seconds, got {orphan_timeout}")
         self.max_workers = max_workers
         self.idle_timeout = idle_timeout
+        self.orphan_timeout = orphan_timeout
         self.preload = tuple(preload)
         self.on_done = on_done or (lambda record: None)
         self._context = multiprocessing.get_context("forkserver")
         self._context.set_forkserver_preload(list(self.preload))
         self._workers: dict[tuple[int, str], _Worker] = {}
         self._queued: dict[tuple[int, str], list[TaskSpec]] = {}
+        self._waiting: list[TaskSpec] = []  # tasks of runs without a worker, while every slot is busy
         self._target = target
         self._answer = answer
+        self._end = end
 
     def start(self) -> None:
         """Start the worker server now, so that its imports are paid before the first task arrives."""
@@ -122,7 +142,9 @@ class WarmPool:
     @property
     def busy(self) -> bool:
         """A task is in flight or queued."""
-        return any(w.task is not None for w in self._workers.values()) or any(self._queued.values())
+        return (
+            any(w.task is not None for w in self._workers.values()) or any(self._queued.values()) or bool(self._waiting)
+        )
 
     def in_flight(self) -> list[tuple[TaskSpec, float]]:
         """The tasks in flight, each with the seconds since it was sent to its worker."""
@@ -134,7 +156,18 @@ class WarmPool:
         return {key: w.pid for key, w in self._workers.items()}
 
     def submit(self, spec: TaskSpec) -> None:
-        """Send ``spec`` to its run's worker, starting one (and stopping the least recently used) if needed."""
+        """Send ``spec`` to its run's worker, starting one (and stopping the least recently used idle one) if
+        needed; a task still waiting for its message's content is reaped first: the SuperNode went on without it."""
+        for worker in list(self._workers.values()):
+            if worker.task is not None and not worker.started and worker.task.task_id != spec.task_id:
+                self._reap(
+                    worker,
+                    f"the SuperNode went on to task {spec.task_id} of run {spec.run_id} while this task still waited "
+                    "for its message's content: it gave the message up",
+                )
+        self._place(spec)
+
+    def _place(self, spec: TaskSpec) -> None:
         worker = self._workers.get(spec.key)
         if worker is not None and not worker.process.is_alive():
             self._drain(worker)  # it died idle and nobody has looked yet: bury it first
@@ -144,12 +177,33 @@ class WarmPool:
             self._queued.setdefault(spec.key, []).append(spec)
             return
         if worker is None:
-            self._make_room()
+            if not self._make_room():
+                busy = ", ".join(f"{w.pid} (run {w.key[0]})" for w in self._workers.values())
+                log(
+                    INFO,
+                    "task %d of run %d waits for a worker slot (--max-workers %d, busy: %s)",
+                    spec.task_id,
+                    spec.run_id,
+                    self.max_workers,
+                    busy,
+                )
+                self._waiting.append(spec)
+                return
             worker = self._spawn(spec.key)
         self._dispatch(worker, spec)
 
+    def _place_waiting(self) -> None:
+        """Give the tasks waiting for a worker slot the slots that are free now, oldest first."""
+        while self._waiting:
+            spec = self._waiting[0]
+            full = spec.key not in self._workers and len(self._workers) >= self.max_workers
+            if full and not any(w.task is None for w in self._workers.values()):
+                return
+            self._waiting.pop(0)
+            self._place(spec)
+
     def _dispatch(self, worker: _Worker, spec: TaskSpec) -> None:
-        worker.task, worker.progress, worker.dispatched_at = spec, None, time.time()
+        worker.task, worker.progress, worker.started, worker.dispatched_at = spec, None, False, time.time()
         with contextlib.suppress(OSError):  # it died just now: its burial hands the task to a fresh worker
             worker.conn.send(spec)
 
@@ -162,9 +216,11 @@ class WarmPool:
         worker = self._workers.get(key)
         if worker is not None and worker.task is not None:
             return
+        if worker is None and not self._make_room():  # its worker is gone and every slot is busy: wait for one
+            self._waiting.extend(self._queued.pop(key))
+            return
         spec = queue.pop(0)
         if worker is None:
-            self._make_room()
             worker = self._spawn(key)
         self._dispatch(worker, spec)
 
@@ -182,8 +238,16 @@ class WarmPool:
                     self._drain(worker)
 
     def reconcile(self) -> None:
-        """Stop workers idle for longer than ``idle_timeout`` (a finished run's model is then freed)."""
+        """Stop workers idle for longer than ``idle_timeout`` (a finished run's model is then freed), and reap a task
+        whose message's content has not arrived after ``orphan_timeout``."""
         now = time.time()
+        for worker in list(self._workers.values()):
+            if worker.task is not None and not worker.started and now - worker.dispatched_at > self.orphan_timeout:
+                self._reap(
+                    worker,
+                    f"its message's content has not arrived after {now - worker.dispatched_at:.0f} s (the SuperNode "
+                    "gave it up, e.g. after a SuperLink crash)",
+                )
         for worker in list(self._workers.values()):
             if worker.task is None and now - worker.last_used > self.idle_timeout:
                 log(
@@ -200,6 +264,27 @@ class WarmPool:
         for worker in list(self._workers.values()):
             self._stop(worker)
 
+    def _reap(self, worker: _Worker, why: str) -> None:
+        """Stop ``worker``, whose task's message the SuperNode gave up on, and end that task as failed without a
+        reply; its run's next task gets a fresh worker."""
+        spec = worker.task
+        assert spec is not None
+        self._workers.pop(worker.key, None)
+        worker.process.kill()
+        worker.process.join()
+        worker.conn.close()
+        reason = f"task {spec.task_id} of run {spec.run_id} reaped: {why}; its worker {worker.pid} was stopped"
+        try:
+            ended = self._end(spec, reason)
+        except Exception as err:  # noqa: BLE001 - the token's expiry ends the task too
+            log(WARNING, "task %d: could not end it (%s); its token expires by itself", spec.task_id, err)
+            ended = False
+        log(WARNING, "%s%s", reason, "" if ended else " (the SuperNode had ended it already)")
+        done = Done(spec.task_id, "failed", reason, "")
+        self.on_done(TaskRecord(spec, done, worker.pid, worker.served + 1, worker.dispatched_at, time.time()))
+        self._next_queued(worker.key)
+        self._place_waiting()
+
     # -- internals -------------------------------------------------------------------------------------
 
     def _spawn(self, key: tuple[int, str]) -> _Worker:
@@ -214,12 +299,15 @@ class WarmPool:
         log(INFO, "fedrapp worker %d started for run %d", worker.pid, key[0])
         return worker
 
-    def _make_room(self) -> None:
+    def _make_room(self) -> bool:
+        """Stop idle workers, least recently used first, until a new one fits under ``max_workers``; False when
+        every slot is busy."""
         idle = sorted((w for w in self._workers.values() if w.task is None), key=lambda w: w.last_used)
         while len(self._workers) >= self.max_workers and idle:
             oldest = idle.pop(0)
             log(INFO, "fedrapp worker %d (run %d) stopped to make room for a new run", oldest.pid, oldest.key[0])
             self._stop(oldest)
+        return len(self._workers) < self.max_workers
 
     def _stop(self, worker: _Worker, grace: float = 5.0) -> None:
         self._workers.pop(worker.key, None)
@@ -255,6 +343,9 @@ class WarmPool:
         if isinstance(event, Activated | Pulled):
             worker.progress = event
             return
+        if isinstance(event, Started):
+            worker.started = True
+            return
         if isinstance(event, Done) and worker.task is not None:
             worker.served += 1
             record = TaskRecord(worker.task, event, worker.pid, worker.served, worker.dispatched_at, time.time())
@@ -262,6 +353,7 @@ class WarmPool:
             self.on_done(record)
             if worker.process.is_alive():
                 self._next_queued(worker.key)
+                self._place_waiting()
 
     def _buried(self, worker: _Worker) -> None:
         """A worker process ended: recover its task, if it held one; its run gets a new worker next time."""
@@ -278,6 +370,7 @@ class WarmPool:
                 how,
             )
             self._next_queued(worker.key)
+            self._place_waiting()
             return
         reason = (
             f"the ClientApp's worker process (pid {worker.pid}) died with {how} while serving this message; "
@@ -302,3 +395,4 @@ class WarmPool:
         done = Done(spec.task_id, "failed", reason if answered else reason + " (left to Flower's task expiry)", "")
         self.on_done(TaskRecord(spec, done, worker.pid, worker.served + 1, worker.dispatched_at, time.time()))
         self._next_queued(worker.key)
+        self._place_waiting()

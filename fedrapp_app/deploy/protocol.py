@@ -1,9 +1,11 @@
 """What the executor and its workers say to each other over their pipe (plain picklable dataclasses).
 
 Executor -> worker: a ``TaskSpec`` per task, ``None`` to stop. Worker -> executor, per task and in this
-order: ``Activated`` (the SuperNode moved the task to running), ``Pulled`` (the message is in the worker's
-hands), ``Done`` (reply and task output pushed). A worker that dies mid-task leaves the executor the last
-of these it sent, which says how the task can be recovered (see ``recovery``).
+order: ``Activated`` (the SuperNode moved the task to running), ``Pulled`` (the message's header is in the
+worker's hands), ``Started`` (its content arrived whole: the ClientApp is being called), ``Done`` (reply and
+task output pushed). A worker that dies mid-task leaves the executor the last of these it sent, which says how
+the task can be recovered (see ``recovery``); a task that never reaches ``Started`` may be one whose message the
+SuperNode gave up on (see ``pool``).
 """
 
 from __future__ import annotations
@@ -64,6 +66,14 @@ class Pulled:
     task_id: int
     header: bytes
     node_id: int
+
+
+@dataclass(frozen=True)
+class Started:
+    """The task's message arrived whole (its content pulled from the SuperNode): the ClientApp is loaded and
+    called next. Until then a task waits on the SuperNode, which may have given the message up."""
+
+    task_id: int
 
 
 @dataclass(frozen=True)

@@ -9,18 +9,23 @@ and knows how far the worker got (``protocol``), so it can do better:
 - after ``Activated`` (the message may or may not have been pulled) or ``Pulled``: the executor answers the
   message with a ``CLIENT_APP_CRASHED`` error reply and ends the task as failed, leaving the node's context
   as it was (what a killed ``flwr-clientapp`` leaves too).
+
+A task whose message the SuperNode gave up on (``pool``: its worker stopped before the content arrived) is ended
+as failed **without** a reply (``end_abandoned_task``): nobody waits for one, and a reply left in the SuperNode's
+store would be sent in place of the next message's, whose own reply then waits for a message that never comes.
 """
 
 from __future__ import annotations
 
 from logging import WARNING
 
+import httpx
 from flwr.app import Context, Message, RecordDict
 from flwr.app.error import Error
 from flwr.common.constant import ErrorCode, SubStatus
 from flwr.common.serde import message_from_proto
 from flwr.proto.message_pb2 import Message as ProtoMessage
-from flwr.proto.runtime_pb2 import PullAppMessagesRequest
+from flwr.proto.runtime_pb2 import PullAppMessagesRequest, PushTaskOutputRequest
 from flwr.supercore import log
 from flwr.supernode.runtime.run_clientapp import push_message, push_task_output
 
@@ -66,5 +71,19 @@ def answer_orphaned_task(spec: TaskSpec, pulled: Pulled | None, reason: str) -> 
         retry_invoker.max_tries = 1
         push_task_output(client=client, context=None, sub_status=SubStatus.FAILED, details=reason)
         return True
+    finally:
+        client.close()
+
+
+def end_abandoned_task(spec: TaskSpec, reason: str) -> bool:
+    """End ``spec``'s task as failed with ``reason`` and no reply (its message was given up by the SuperNode).
+    Returns False when the SuperNode did not take it (it had ended the task itself, or is gone): the task then ends
+    by itself when its token expires, a minute after its last heartbeat."""
+    client, _ = task_client(spec, max_time=RECOVERY_MAX_TIME)
+    try:
+        client.PushTaskOutput(PushTaskOutputRequest(sub_status=SubStatus.FAILED, details=reason))
+        return True
+    except httpx.HTTPError:  # best effort: the token's expiry ends the task too
+        return False
     finally:
         client.close()

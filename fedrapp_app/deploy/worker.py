@@ -48,7 +48,7 @@ from flwr.supercore.runtime import RuntimeHttpClient
 from flwr.supercore.task_identity import TaskIdentity
 from flwr.supernode.runtime.run_clientapp import push_message, push_task_output
 
-from fedrapp_app.deploy.protocol import Activated, Done, Pulled, Ready, TaskSpec
+from fedrapp_app.deploy.protocol import Activated, Done, Pulled, Ready, Started, TaskSpec
 from fedrapp_app.deploy.runtime import TaskHeartbeat, take_sigint, task_client
 
 Send = Callable[[object], None]
@@ -179,6 +179,7 @@ def serve_task(spec: TaskSpec, loader: AppLoader, send: Send) -> Done:
     try:
         heartbeat.start()
         message, context, run, fab = pull_input(client, spec, send, seconds)
+        send(Started(spec.task_id))
         seconds["pull"] = time.perf_counter() - started
         mark = time.perf_counter()
         app = loader.client_app(run, fab)

@@ -26,8 +26,14 @@ from fedrapp_app.federation.strategy import ClientRow, PersonalizedPromptStrateg
 from fedrapp_app.methods import find_method
 from fedrapp_app.privacy.ledger import PrivacyLedger
 from fedrapp_app.recording.checkpoint import CLIENT_STATE_DIR, SERVER_FILE, ServerCheckpoint, new_run_token
-from fedrapp_app.recording.results import RunRecorder, unscored_samples
-from fedrapp_app.recording.runlock import RESUME_WAIT_SECONDS, check_writable, release_on_signal, run_lock
+from fedrapp_app.recording.results import RunRecorder, clear_results, unscored_samples
+from fedrapp_app.recording.runlock import (
+    RESUME_WAIT_SECONDS,
+    check_not_taken,
+    check_writable,
+    release_on_signal,
+    run_lock,
+)
 
 log = logging.getLogger("flwr.fedrapp")
 
@@ -191,13 +197,17 @@ def run_server(
     grid: Grid,
     run_config: dict[str, Any],
     on_round: Callable[[int, PersonalizedPromptStrategy], None] | None = None,
+    *,
+    overwrite: bool = False,
 ) -> dict[str, Any]:
     """Run a whole experiment on ``grid``; return the summary (also written to ``summary.json``).
 
     The server state is checkpointed after every round; ``resume = true`` continues from the checkpoint.
     ``on_round(round, strategy)`` is called after each round (tests and the benchmark runner observe the
     server state through it). The run folder is locked while the run writes it (``fedrapp_app.recording.runlock``); a
-    run that fails or is stopped leaves a ``summary.json`` that says so.
+    run that fails or is stopped leaves a ``summary.json`` that says so. A new run (no resume) in a folder that holds
+    results is refused (``RunFolderTaken``, before anything is written) unless ``overwrite`` (a Python caller's
+    explicit choice: the benchmark runner replacing a cell of other settings) removes them first.
     """
     config = RunConfig.from_run_config(run_config)  # fails here, before anything heavy, on a bad config
     start = time.time()
@@ -205,6 +215,10 @@ def run_server(
     check_writable(run_dir, str(config["output-dir"]))  # a ConfigError naming the folder and the fix
     # A resume waits (bounded, saying so) for a holder that is still stopping: the ServerApp of the killed run.
     with run_lock(run_dir, wait=RESUME_WAIT_SECONDS if config["resume"] else 0.0):
+        if not config["resume"]:
+            if overwrite:
+                clear_results(run_dir)
+            check_not_taken(run_dir)  # a finished run, or one waiting for its resume: never replaced silently
         checkpoint = ServerCheckpoint.load(run_dir) if config["resume"] else None
         if checkpoint is not None:
             _resumable(config, checkpoint)

@@ -5,14 +5,19 @@ Files in the run folder:
 - ``rounds.jsonl`` one row per sampled client per round (accuracy before/after adaptation, H_pre, H_post,
   reliability r, memory rate mu, peer weights, timings, status);
 - ``summary.json`` micro and macro online accuracy, per-client accuracy, the config and provenance.
+
+``held_results`` says what a folder holds that a new run would overwrite (a new run is refused there: ``runlock``),
+and ``clear_results`` removes a run's files for an explicit overwrite.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
 import platform
+import shutil
 import subprocess
 import sys
 import time
@@ -25,6 +30,7 @@ import numpy as np
 
 from fedrapp_app.metrics.calibration import Bins
 from fedrapp_app.metrics.switches import Batch, switch_metrics
+from fedrapp_app.recording.checkpoint import CLIENT_STATE_DIR, SERVER_FILE, ServerCheckpoint
 
 log = logging.getLogger("fedrapp.results")
 
@@ -295,3 +301,56 @@ class RunRecorder:
         """Write ``summary.json`` for a run that did not end normally (``status`` "failed" or "interrupted"):
         what was scored so far, ``complete: false`` and the error."""
         return self.finish({"complete": False, **(extra or {}), "status": status, "error": error})
+
+
+#: What a run writes in its folder (with their temporary files): all an explicit overwrite removes. The lock file
+#: stays (it may be held: ``runlock``), and so does anything else a person put there.
+RUN_FILES = ("rounds.jsonl", "summary.json", "config.json", SERVER_FILE, CLIENT_STATE_DIR, "report")
+
+
+def held_results(run_dir: Path) -> str | None:
+    """What ``run_dir`` holds that a new run would overwrite, in words (``"the results of a finished run (5 rounds,
+    640 samples scored, ended 2026-05-01 10:00:00)"``), or None when it holds no result: no row, no checkpoint (a run
+    that failed before its first round leaves nothing worth keeping)."""
+    run_dir = Path(run_dir)
+    rounds = run_dir / "rounds.jsonl"
+    has_rows = rounds.is_file() and rounds.stat().st_size > 0
+    checkpoint = run_dir / SERVER_FILE
+    if not has_rows and not checkpoint.is_file():
+        return None
+    summary: dict[str, Any] = {}
+    with contextlib.suppress(OSError, ValueError):
+        summary = json.loads((run_dir / "summary.json").read_text())
+    if summary.get("status") == "finished":
+        ended = summary.get("started", 0.0) + summary.get("seconds", 0.0)
+        when = time.strftime(", ended %Y-%m-%d %H:%M:%S", time.localtime(ended)) if ended else ""
+        incomplete = "" if summary.get("complete", True) else ", incomplete"
+        return (
+            f"the results of a finished run ({summary.get('rounds', '?')} rounds, {summary.get('samples', '?')} "
+            f"samples scored{incomplete}{when})"
+        )
+    if checkpoint.is_file():
+        try:
+            after = f"after round {ServerCheckpoint.load(run_dir).round}"
+        except (OSError, ValueError, KeyError):
+            after = "with a checkpoint"
+        how = f"{summary['status']}" if summary.get("status") else "killed: no summary"
+        return f"a run that stopped {after} ({how}; its checkpoint is what a resume continues from)"
+    return f"the rows of a run ({len(read_rows(rounds))} rows, no checkpoint)"
+
+
+def clear_results(run_dir: Path) -> list[str]:
+    """Remove the files a run wrote in ``run_dir`` (``RUN_FILES`` and their temporary files): an explicit
+    overwrite. Returns the names removed."""
+    run_dir = Path(run_dir)
+    removed = []
+    for name in RUN_FILES:
+        for path in (run_dir / name, run_dir / f"{name}.tmp"):
+            if path.is_dir() and not path.is_symlink():
+                shutil.rmtree(path)
+            elif path.exists() or path.is_symlink():
+                path.unlink()
+            else:
+                continue
+            removed.append(path.name)
+    return removed

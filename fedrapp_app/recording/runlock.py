@@ -9,6 +9,9 @@ start time and, under ``fedrapp-sim``, the launcher's PID.
 ``release_on_signal`` makes a run give its folder up the moment its process is told to stop (SIGINT, SIGTERM:
 what Flower's ServerApp process gets when its SuperLink or SuperExec dies), before the process's own exit
 handlers run.
+
+``check_not_taken`` keeps a new run from overwriting a folder that holds results (a finished run, or a stopped one
+waiting for its resume): the run is refused in one line that offers the choices.
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ from types import FrameType
 from typing import Any
 
 from fedrapp_app.config import ConfigError
+from fedrapp_app.recording.results import held_results
 
 log = logging.getLogger("flwr.fedrapp")
 
@@ -103,6 +107,34 @@ def check_writable(run_dir: Path, output_dir: str = "") -> None:
         for folder in reversed(created):
             with contextlib.suppress(OSError):
                 folder.rmdir()
+
+
+class RunFolderTaken(ConfigError):
+    """The run folder holds the results of another run, which a new run would overwrite: the fix is a resume, another
+    ``run-name``, or an explicit overwrite."""
+
+
+def check_not_taken(run_dir: Path) -> None:
+    """Raise ``RunFolderTaken`` when ``run_dir`` holds results a new run (``resume = false``) would overwrite.
+
+    One line, naming what is there and the three ways on: resume it, another run-name, or an explicit overwrite
+    (``fedrapp-sim --overwrite``; with ``flwr run``, moving the folder away on the host that writes it).
+    """
+    run_dir = Path(run_dir)
+    what = held_results(run_dir)
+    if what is None:
+        return
+    finished = what.startswith("the results of a finished run")
+    resume = (
+        "resume = true runs more rounds only with a higher num-rounds"
+        if finished
+        else "resume it with resume = true and this run-name"
+    )
+    raise RunFolderTaken(
+        f"run folder {run_dir} already holds {what}; nothing was written. A new run does not replace it: "
+        f"{resume}; or choose another run-name; or overwrite it explicitly (fedrapp-sim --overwrite; with flwr run, "
+        f"move it away first on {socket.gethostname()}: mv {run_dir} {run_dir}.old)"
+    )
 
 
 def _who(holder: dict[str, Any]) -> str:

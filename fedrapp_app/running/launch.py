@@ -45,7 +45,8 @@ from typing import Any
 
 from fedrapp_app.config import KEY_BY_NAME, ConfigError, RunConfig, override_hint
 from fedrapp_app.federation.errors import strip_ansi
-from fedrapp_app.recording.runlock import LAUNCHER_PID_ENV, RunFolderBusy, check_free, check_writable
+from fedrapp_app.recording.results import clear_results, held_results
+from fedrapp_app.recording.runlock import LAUNCHER_PID_ENV, RunFolderBusy, check_free, check_not_taken, check_writable
 from fedrapp_app.running.processes import LAUNCH_ID_ENV, describe_process, marked_pids, stop_marked
 
 #: Prefix of the connection each launch adds to ``$FLWR_HOME/config.toml`` (``fedrapp-sim-<port>``: two launches
@@ -392,6 +393,13 @@ def _parser() -> argparse.ArgumentParser:
         "'[code: 15] Invalid run configuration.'",
     )
     parser.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace the results a run folder holds (a finished run, or a stopped one waiting for its resume) with "
+        "this run; without it such a folder is refused before anything starts. The old run's files are removed "
+        "just before the start, once every check has passed",
+    )
+    parser.add_argument(
         "--flwr-home",
         default=None,
         help="Flower's home (config.toml, the SuperLink's log, installed apps). Default: $FLWR_HOME when that is set, "
@@ -468,6 +476,11 @@ def prepare(args: argparse.Namespace, app_dir: Path) -> tuple[dict, RunConfig, P
         )
     check_writable(run_dir, str(config["output-dir"]))
     check_free(run_dir)
+    if getattr(args, "overwrite", False):
+        if config["resume"]:
+            raise ConfigError("--overwrite and resume = true contradict each other: a resume continues the run's files")
+    elif not config["resume"]:
+        check_not_taken(run_dir)  # a finished or stopped run is never replaced without --overwrite
     if config["resume"] and finished_already(run_dir, config) is not None:
         return values, resolved, run_dir
     preflight(resolved)
@@ -491,12 +504,18 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("\nfedrapp-sim: interrupted before the start; nothing ran", file=sys.stderr)
         return 130
+    replaced = held_results(run_dir) if args.overwrite and not config["resume"] else None
     if args.check:
         print(
             f"fedrapp-sim: the config, the run folder, the model and the data are fine for {config.num_clients} "
-            f"clients; results would go to {run_dir} (--check: nothing started)"
+            f"clients; results would go to {run_dir}"
+            + (f", replacing {replaced}" if replaced else "")
+            + " (--check: nothing started)"
         )
         return 0
+    if replaced:
+        clear_results(run_dir)
+        print(f"fedrapp-sim: --overwrite: removed {replaced} from {run_dir}", flush=True)
     if config["resume"]:
         done = finished_already(run_dir, config)
         if done is not None:
