@@ -56,7 +56,11 @@ def test_a_late_joiners_first_prompt_is_what_the_docs_say(testbed_tiny, tmp_path
                        "late-round": 3, "num-rounds": 4})  # fmt: skip
     _, grid, states = run_federation(config)
     rows = read_rows(tmp_path / "run")
-    assert {r["round"] for r in rows if r["client"] == 3} == {3, 4}  # client 3 joins in round 3
+    assert {r["round"] for r in rows if r["client"] == 3 and r["status"] == "ok"} == {3, 4}  # joins in round 3
+    waiting = [r for r in rows if r["client"] == 3 and r["status"] != "ok"]  # a row in every round before, saying so
+    assert [(r["round"], r["status"], r["reason"]) for r in waiting] == [(1, "late", "joins in round 3"),
+                                                                          (2, "late", "joins in round 3")]  # fmt: skip
+    assert all("acc" not in r and "num_examples" not in r for r in waiting)
     first = grid.sent[(3, _node_of(grid, 3))]
     memory, sent = states[2]
     expected = memory[:3].astype(np.float64).mean(axis=0).astype(np.float32) if strategy == "fedrapp" else sent[3]
@@ -80,8 +84,9 @@ def test_a_held_out_client_is_scored_but_never_read_by_the_rule(testbed_tiny, tm
                        "num-rounds": 4})  # fmt: skip
     summary, grid, states = run_federation(config)
     rows = read_rows(tmp_path / "run")
-    held = [r for r in rows if r["client"] == 3]
-    assert [r["round"] for r in held] == [2, 4] and all(r["held_out"] and r["status"] == "ok" for r in held)
+    held = [r for r in rows if r["client"] == 3 and r["status"] == "ok"]
+    assert [r["round"] for r in held] == [2, 4] and all(r["held_out"] for r in held)
+    assert [r["round"] for r in rows if r["client"] == 3 and r["status"] == "not-due"] == [1, 3]
     assert all(3 not in map(int, r.get("peer_weights", {})) for r in rows)  # never a peer of anyone
     p0 = grid.sent[(1, _node_of(grid, 0))]
     for rnd in (1, 2, 3, 4):
@@ -98,15 +103,28 @@ def test_a_held_out_client_is_scored_but_never_read_by_the_rule(testbed_tiny, tm
 def test_with_a_drop_rate_every_sample_is_scored_once_and_a_resumed_run_drops_the_same(testbed_tiny, tmp_path):
     config = small_run(testbed_tiny, tmp_path / "straight", **{"drop-rate": 0.4, "num-rounds": 0})
     summary, _, _ = run_federation(config)
-    rows = read_rows(tmp_path / "straight" / "run")
+    everyone = read_rows(tmp_path / "straight" / "run")
+    rows = [r for r in everyone if r["status"] != "dropped"]
     per_round = {}
     for r in rows:
         per_round.setdefault(r["round"], set()).add(r["client"])
     assert any(len(clients) < 3 for clients in per_round.values())  # some rounds lost a client
+    dropped = [r for r in everyone if r["status"] == "dropped"]
+    assert dropped and all(r["reason"] == "absent from this round (drop-rate 0.4)" for r in dropped)
+    for t in {r["round"] for r in dropped}:  # a dropped client has a row in its round, beside the others'
+        assert len([r for r in everyone if r["round"] == t]) == len({r["client"] for r in everyone if r["round"] >= t})
     assert summary["complete"] and not summary["unscored"]  # the streams went on later: every sample scored
     assert len({(r["client"], r["client_metrics"]["stream-position"]) for r in rows}) == len(rows)  # once each
 
     resumed = small_run(testbed_tiny, tmp_path / "resumed", **{"drop-rate": 0.4, "num-rounds": 0})
     interrupt_after(resumed, 2)
     run_federation({**resumed, "resume": True})
-    assert comparable_rows(read_rows(tmp_path / "resumed" / "run")) == comparable_rows(rows)
+    assert comparable_rows(read_rows(tmp_path / "resumed" / "run")) == comparable_rows(everyone)
+
+
+def test_the_progress_line_counts_every_client_of_the_round_by_status():
+    from fedrapp_app.recording.results import progress_counts
+
+    rows = [{"status": s} for s in ("ok", "ok", "ok", "ok", "ok", "ok", "dropped", "late")]
+    assert progress_counts(rows) == "6 of 8 ok, 1 dropped, 1 not yet joined"
+    assert progress_counts([{"status": "dropped"}] * 2) == "0 of 2 ok, 2 dropped"  # not "0/0 clients ok"

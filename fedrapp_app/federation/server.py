@@ -22,7 +22,7 @@ from fedrapp_app.config import RESUMABLE_KEYS, ConfigError, RunConfig
 from fedrapp_app.federation.errors import describe
 from fedrapp_app.federation.population import Population
 from fedrapp_app.federation.records import OUTCOME_METRICS, Outcome
-from fedrapp_app.federation.strategy import ClientRow, PersonalizedPromptStrategy, RoundReport, count_nodes
+from fedrapp_app.federation.strategy import SITTING_OUT, ClientRow, PersonalizedPromptStrategy, RoundReport, count_nodes
 from fedrapp_app.methods import find_method
 from fedrapp_app.privacy.ledger import PrivacyLedger
 from fedrapp_app.recording.checkpoint import CLIENT_STATE_DIR, SERVER_FILE, ServerCheckpoint, new_run_token
@@ -312,9 +312,8 @@ def _run_rounds(
         if on_round is not None:
             on_round(round_number, strategy)
         # A round nobody was due in (late joiners to come, held-out visits, drops) is not an idle one.
-        idle = (
-            0 if not report.rows or any(r.status in ("ok", "exhausted", "skipped") for r in report.rows) else idle + 1
-        )
+        sent = [r for r in report.rows if r.status not in SITTING_OUT]  # the rows of clients the round sent to
+        idle = 0 if not sent or any(r.status in ("ok", "exhausted", "skipped") for r in sent) else idle + 1
         rule_failures = rule_failures + 1 if report.rule_error else 0
         if rule_failures >= MAX_RULE_FAILURES:
             raise RuntimeError(f"the server rule failed in {rule_failures} rounds in a row: {report.rule_error}")

@@ -109,13 +109,18 @@ class ServerState:
         )
 
 
+#: Statuses of a client with no batch in a round while its stream goes on: dropped from it, a late joiner not yet
+#: joined, a held-out client not due, or not sampled (``fraction`` < 1).
+SITTING_OUT = ("dropped", "late", "not-due", "not-sampled")
+
+
 @dataclass
 class ClientRow:
     """One client's outcome in one round, as the results recorder writes it."""
 
     client_id: int
     node_id: int
-    status: str  # "ok" | "failed" | "rejected" | "exhausted" | "missing" | "skipped"
+    status: str  # "ok" | "failed" | "rejected" | "exhausted" | "missing" | "skipped" | SITTING_OUT
     reason: str = ""
     upload: Upload | None = None
     skipped: list[str] = field(default_factory=list)  # undecodable samples of its batch ("name: reason")
@@ -244,6 +249,7 @@ class PersonalizedPromptStrategy(Strategy):
         self._taken: dict[int, int] = {}  # node id -> the client it claimed while another connected node served it
         self.num_samples: dict[int, int] = {}  # client id -> samples in its stream (from discovery)
         self.sampled: list[int] = []  # the clients sampled for the current round
+        self.sitting_out: dict[int, tuple[str, str]] = {}  # the other live clients: (status, why), per round
         self._absent: list[int] = []  # sampled clients whose node was not connected (sent nothing)
         self._outage_since: float | None = None  # when no sampled client's node was connected any more
         self._round_start = 0.0
@@ -430,6 +436,16 @@ class PersonalizedPromptStrategy(Strategy):
             picked = list(self.state.rng.choice(available, size=k, replace=False)) if k < len(available) else available
         picked += [c for c in live if pop.visits(c, server_round)]
         dropped = pop.dropped(server_round)
+        self.sitting_out = {}  # every other client whose stream goes on: why it has no batch this round
+        for c in live:
+            if c in picked and dropped[c]:
+                self.sitting_out[c] = ("dropped", f"absent from this round (drop-rate {pop.drop_rate:g})")
+            elif pop.held_out(c) and c not in picked:
+                self.sitting_out[c] = ("not-due", f"held out: visited every {pop.held_out_every} rounds")
+            elif pop.late(c) and not pop.member(c, server_round):
+                self.sitting_out[c] = ("late", f"joins in round {pop.late_round}")
+            elif c not in picked:
+                self.sitting_out[c] = ("not-sampled", f"not among the {self.fraction:g} of clients sampled")
         return sorted(int(c) for c in picked if not dropped[c])
 
     def expects_clients(self) -> bool:
@@ -528,6 +544,8 @@ class PersonalizedPromptStrategy(Strategy):
                 rows[client] = ClientRow(client, self.node_of[client], "missing", "no reply before round-timeout")
                 log.warning("round %d: client %d: no reply before the round timeout", server_round, client)
 
+        for client, (status, why) in self.sitting_out.items():  # a row for every client the round concerned
+            rows.setdefault(client, ClientRow(client, self.node_of[client], status, why))
         for row in rows.values():
             row.held_out = self.population.held_out(row.client_id)
         uploads = [r.upload for r in rows.values() if r.upload is not None and not r.held_out]

@@ -21,7 +21,7 @@ import shutil
 import subprocess
 import sys
 import time
-from collections import defaultdict
+from collections import Counter, defaultdict
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -98,6 +98,28 @@ def read_rows(path: Path) -> list[dict[str, Any]]:
                 break
             raise ValueError(f"{path}, line {number}: not a JSON row ({err})") from err
     return rows
+
+
+#: How the progress line names each status of a row other than ok.
+STATUS_WORDS = {
+    "dropped": "dropped",
+    "late": "not yet joined",
+    "not-due": "held out, not due",
+    "not-sampled": "not sampled",
+    "failed": "failed",
+    "rejected": "rejected",
+    "missing": "missing",
+    "exhausted": "stream ended",
+    "skipped": "batch undecodable",
+}
+
+
+def progress_counts(rows: list[dict[str, Any]]) -> str:
+    """``"6 of 8 ok, 1 dropped, 1 not yet joined"``: the round's rows by status (every client it concerned)."""
+    counts = Counter(str(r["status"]) for r in rows)
+    parts = [f"{counts.pop('ok', 0)} of {len(rows)} ok"]
+    parts += [f"{n} {STATUS_WORDS.get(status, status)}" for status, n in sorted(counts.items())]
+    return ", ".join(parts)
 
 
 def unscored_samples(
@@ -248,7 +270,7 @@ class RunRecorder:
         self.rounds = round_number
         ok = [r for r in rows if r["status"] == "ok"]
         n = sum(r["num_examples"] for r in ok)
-        line = f"round {round_number} | {len(ok)}/{len(rows)} clients ok"
+        line = f"round {round_number} | {progress_counts(rows)}"
         if n:
             acc = sum(r["correct"] for r in ok) / n
             before = sum(r["correct_before"] for r in ok) / n

@@ -60,8 +60,12 @@ STATUS_COLORS = {
     "missing": "#7f7f7f",
     "exhausted": "#aec7e8",
     "skipped": "#9467bd",
+    "dropped": "#f7b6d2",  # absent from the round (drop-rate)
+    "late": "#c7c7c7",  # a late joiner not joined yet
+    "not-due": "#dbdb8d",  # a held-out client between its visits
+    "not-sampled": "#ffffff",  # fraction < 1
 }
-#: Colours of the status grid's cells that are not a row status.
+#: Colours of the status grid's cells that are not a row status (runs of earlier versions had no row there).
 CELL_COLORS = {NOT_SAMPLED: "#ffffff", STREAM_ENDED: STATUS_COLORS["exhausted"]}
 #: Up to this many clients every client gets its own tick label (beyond, one label per domain or a few ids).
 LABELLED_CLIENTS = 16
@@ -231,7 +235,8 @@ def draw_matrix(ax: Any, values: np.ndarray, domains: Sequence[str | None], titl
 
 def draw_status(ax: Any, run: Run) -> None:
     """Client × round grid of row statuses; ``stream ended`` from a client's ``exhausted`` row (or the round
-    after its last batch) on, white where a client could have been sampled but was not."""
+    after its last batch) on, white where a client could have been sampled but was not; dropped, not yet joined
+    and held-out clients between visits each in their own colour."""
     grid = status_grid(run)
     palette = [CELL_COLORS.get(label) or STATUS_COLORS.get(label, "black") for label in grid.labels]
     last = grid.cells.shape[1]
@@ -248,7 +253,10 @@ def draw_status(ax: Any, run: Run) -> None:
     ax.set_xlabel("round")
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     seen = sorted({int(v) for v in grid.cells.flat})
-    handles = [Patch(facecolor=palette[v], edgecolor="grey", label=grid.labels[v]) for v in seen]
+    words = {"late": "not yet joined", "not-due": "held out, not due", "dropped": "dropped (drop-rate)"}
+    handles = [
+        Patch(facecolor=palette[v], edgecolor="grey", label=words.get(grid.labels[v], grid.labels[v])) for v in seen
+    ]
     ax.legend(handles=handles, fontsize=SMALL, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
 
 

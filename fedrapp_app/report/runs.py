@@ -23,7 +23,7 @@ ROUNDS_FILE = "rounds.jsonl"
 SUMMARY_FILE = "summary.json"
 
 #: Row statuses in the order the tables show them (a status this version does not know gets its own column).
-STATUSES = ("ok", "failed", "rejected", "missing", "exhausted", "skipped")
+STATUSES = ("ok", "failed", "rejected", "missing", "exhausted", "skipped", "dropped", "late", "not-due", "not-sampled")
 
 #: Keys every row has, and the extra keys (with their types) a scored row has.
 _ROW_KEYS: dict[str, tuple[type, ...]] = {"round": (int,), "client": (int,), "status": (str,)}

@@ -222,7 +222,7 @@ def status_grid(run: Run) -> StatusGrid:
     """The client × round grid of statuses: a row's status, ``stream ended`` from a client's ``exhausted`` row
     (or the round after its last batch) on, ``not sampled`` where a client had no row in a round it could have
     been sampled in."""
-    labels = [NOT_SAMPLED, STREAM_ENDED, *(s for s in statuses_of(run) if s != "exhausted")]
+    labels = [NOT_SAMPLED, STREAM_ENDED, *(s for s in statuses_of(run) if s not in ("exhausted", "not-sampled"))]
     last = max(int(r["round"]) for r in run.rows)
     order = domain_order(run.domains) if len(run.domains) == run.num_clients else list(range(run.num_clients))
     position = {c: k for k, c in enumerate(order)}
@@ -230,10 +230,8 @@ def status_grid(run: Run) -> StatusGrid:
     for c, t in stream_ends(run).items():
         cells[position[c], t - 1 :] = 1
     for row in run.rows:
-        status = str(row["status"])
-        cells[position[int(row["client"])], int(row["round"]) - 1] = labels.index(
-            STREAM_ENDED if status == "exhausted" else status
-        )
+        status = {"exhausted": STREAM_ENDED, "not-sampled": NOT_SAMPLED}.get(str(row["status"]), str(row["status"]))
+        cells[position[int(row["client"])], int(row["round"]) - 1] = labels.index(status)
     return StatusGrid(cells, labels, order)
 
 
