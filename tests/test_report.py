@@ -260,3 +260,16 @@ def test_a_rule_hyperparameter_is_not_a_difference(runs, tmp_path):
     stored["config"]["tau"] = 0.5
     (other / "config.json").write_text(json.dumps(stored))
     assert compare([load_run(runs["fedavg"]), load_run(other)]).differing == []
+
+
+def test_a_method_that_never_moves_a_prompt_is_reported_with_the_reason(testbed_tiny_report, tmp_path):
+    """AdaPrompt whose buffer never fills (no pseudo-label above a threshold of 0.99) uploads what it was sent in every
+    round: the summary, the report and the warning say so, with the reason, instead of '3 of 3 ok' alone."""
+    config = small_run(testbed_tiny_report, tmp_path, **{"adaprompt-threshold": 0.99, "num-rounds": 2})
+    summary, _, _ = run_federation(config)
+    assert summary["unmoved_share"] == 1.0 and "buffer was not full" in summary["unmoved_reason"]
+    page = write_report(Path(summary["run_dir"])).read_text()
+    assert "moved no prompt in 100.0% of the scored client-rounds" in page
+    assert "**Warning.** The local method moved no prompt in any round" in page and "nothing to share" in page
+    moving, _, _ = run_federation({**config, "adaprompt-threshold": 0.0, "run-name": "moving"})
+    assert moving["unmoved_share"] == 0.0  # the threshold of small_run: it updates from the first round

@@ -26,7 +26,7 @@ from fedrapp_app.federation.strategy import SITTING_OUT, ClientRow, Personalized
 from fedrapp_app.methods import find_method
 from fedrapp_app.privacy.ledger import PrivacyLedger
 from fedrapp_app.recording.checkpoint import CLIENT_STATE_DIR, SERVER_FILE, ServerCheckpoint, new_run_token
-from fedrapp_app.recording.results import RunRecorder, clear_results, unscored_samples
+from fedrapp_app.recording.results import RunRecorder, clear_results, unmoved_warning, unscored_samples
 from fedrapp_app.recording.runlock import (
     RESUME_WAIT_SECONDS,
     check_not_taken,
@@ -354,6 +354,9 @@ def _run_rounds(
         100 * summary["micro_accuracy_received_prompt"],
         recorder.run_dir,
     )
+    warning = unmoved_warning(summary)
+    if warning:
+        log.warning(warning)
     if not complete:
         lost = sum(u["samples"] or 0 for u in unscored.values())
         log.warning(

@@ -167,7 +167,22 @@ def unscored_samples(
 
 #: The keys of a row the summary reads (``unscored_samples``, ``outcome_summary``); peer weights and metrics stay out.
 _OUTCOME_KEYS = ("round", "client", "status", "reason", "num_examples", "skipped", "correct", "calibration",
-                 "calibration_before", "domains", "domain", "held_out")  # fmt: skip
+                 "calibration_before", "domains", "domain", "held_out", "moved", "why_unmoved")  # fmt: skip
+
+
+def movement(row: dict[str, Any]) -> tuple[bool | None, str]:
+    """Whether a scored row's local method moved its prompt (its ``updated`` statistic where it reports one, else a
+    nonzero update norm), and why not where the method says (an AdaPrompt buffer that is not full yet); (None, "")
+    when the row tells neither (a training-free method: nothing to move)."""
+    metrics = row.get("client_metrics") or {}
+    updated = metrics.get("stat-updated")
+    if updated is None:
+        norm = row.get("update_norm")
+        return (None, "") if norm is None else (norm > 1e-8, "its update was zero")
+    if updated:
+        return True, ""
+    fill = metrics.get("stat-buffer_fill")
+    return False, "its buffer was not full (no pseudo-label confident enough)" if fill is not None else "no update"
 
 
 def outcome_summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
@@ -177,7 +192,9 @@ def outcome_summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
     prompt's, from the rows' bins added up (None where the method gives no confidences); ``per_domain_accuracy``
     and ``per_domain_samples`` per shift domain; ``held_out_accuracy`` / ``held_out_samples``, the held-out
     clients' share (None without them); ``switches``: post-switch accuracy, recovery and forgetting
-    (``switches.py``; None where no client's domain changed)."""
+    (``switches.py``; None where no client's domain changed); ``unmoved_share``: the share of scored client-rounds
+    in which the local method moved no prompt (None for a method with nothing to move) and ``unmoved_reason`` the
+    commonest reason its statistics give."""
     ok = [r for r in rows if r.get("status") == "ok"]
     calibration: dict[str, Bins] = {}
     domains: dict[str, list[int]] = defaultdict(lambda: [0, 0])
@@ -194,7 +211,12 @@ def outcome_summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
             batches[row["client"]].append(Batch(row["domain"], row["num_examples"], row["correct"]))
     held = [r for r in ok if r.get("held_out")]
     held_samples = sum(r["num_examples"] for r in held)
+    moves = [(r["moved"], r.get("why_unmoved", "")) if "moved" in r else movement(r) for r in ok]
+    judged = [(moved, why) for moved, why in moves if moved is not None]
+    reasons = Counter(why or "no update" for moved, why in judged if not moved)
     return {
+        "unmoved_share": sum(reasons.values()) / len(judged) if judged else None,
+        "unmoved_reason": reasons.most_common(1)[0][0] if reasons else None,
         "ece": calibration["calibration"].ece if "calibration" in calibration else None,
         "ece_before": calibration["calibration_before"].ece if "calibration_before" in calibration else None,
         "per_domain_accuracy": {d: right / n for d, (n, right) in sorted(domains.items()) if n},
@@ -203,6 +225,19 @@ def outcome_summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
         "held_out_samples": held_samples,
         "switches": switch_metrics([batches[c] for c in sorted(batches)]),
     }
+
+
+def unmoved_warning(summary: dict[str, Any]) -> str:
+    """A line for a run whose local method moved no prompt in most of its client-rounds ('' otherwise): the rule
+    then had (almost) nothing to share, and every strategy gives about the same digits."""
+    share = summary.get("unmoved_share")
+    if share is None or share < 0.5:
+        return ""
+    what = "in any round" if share >= 1 else f"in {100 * share:.0f}% of its client-rounds"
+    return (
+        f"the local method moved no prompt {what} ({summary.get('unmoved_reason')}): the server rule had "
+        f"{'nothing' if share >= 1 else 'little'} to share, so the strategies differ little (docs/methods.md)"
+    )
 
 
 class RunRecorder:
@@ -246,6 +281,9 @@ class RunRecorder:
 
     def _count(self, rows: list[dict[str, Any]]) -> None:
         # What the summary needs of each row, not the row: peer weights and metrics would grow with the run.
+        for r in rows:
+            if r.get("status") == "ok":
+                r["moved"], r["why_unmoved"] = movement(r)
         self.rows.extend({k: r[k] for k in _OUTCOME_KEYS if k in r} for r in rows)
         for r in rows:
             self.skipped[r["client"]] += int(r.get("skipped", 0) or 0)

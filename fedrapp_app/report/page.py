@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from fedrapp_app.bench.rows import write_text_atomic
-from fedrapp_app.recording.results import outcome_summary
+from fedrapp_app.recording.results import outcome_summary, unmoved_warning
 from fedrapp_app.report import figures
 from fedrapp_app.report.runs import ROUNDS_FILE, Run, RunError, load_run
 from fedrapp_app.report.tables import (
@@ -97,6 +97,7 @@ def _accuracy_section(run: Run, t: Totals) -> str:
     out.write(
         f"\n{t.samples} samples scored in {t.rounds} rounds by {t.clients_scored} of {run.num_clients} clients.\n"
     )
+    out.write(_movement_line(run))
     mismatches = summary_mismatches(run, t)
     if mismatches:
         out.write(
@@ -136,6 +137,18 @@ def _shift_section(run: Run) -> str:
     if o["held_out_samples"]:
         out.write(f"Held-out clients: {_pct(o['held_out_accuracy'])}% on {o['held_out_samples']} samples.\n\n")
     return out.getvalue()
+
+
+def _movement_line(run: Run) -> str:
+    """How often the local method moved no prompt, and the warning when it hardly ever did."""
+    o = outcome_summary(run.rows)
+    share = o["unmoved_share"]
+    if share is None:
+        return ""
+    text = f"The local method moved no prompt in {_pct(share, 1)}% of the scored client-rounds"
+    text += f" (commonest reason: {o['unmoved_reason']}).\n" if share else ".\n"
+    warning = unmoved_warning(o)
+    return text + (f"\n> **Warning.** {warning[0].upper()}{warning[1:]}.\n" if warning else "") + "\n"
 
 
 def _clients_section(run: Run, stats: Sequence[ClientStats], shares: dict[int, tuple[float, float]]) -> str:

@@ -676,6 +676,11 @@ def report(status: dict, run_dir: Path, log_path: Path) -> int:
         print(
             f"fedrapp-sim: {summary['skipped']} undecodable sample(s) skipped (see 'skipped_samples' in rounds.jsonl)"
         )
+    from fedrapp_app.recording.results import unmoved_warning
+
+    warning = unmoved_warning(summary)
+    if warning:
+        print(f"fedrapp-sim: warning: {warning}")
     if summary.get("complete", True):
         return 0
     print("fedrapp-sim: INCOMPLETE: samples were never scored:", file=sys.stderr)
