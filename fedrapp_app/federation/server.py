@@ -22,11 +22,11 @@ from fedrapp_app.config import RESUMABLE_KEYS, ConfigError, RunConfig
 from fedrapp_app.federation.errors import describe
 from fedrapp_app.federation.population import Population
 from fedrapp_app.federation.records import OUTCOME_METRICS, Outcome
-from fedrapp_app.federation.strategy import SITTING_OUT, ClientRow, PersonalizedPromptStrategy, RoundReport, count_nodes
+from fedrapp_app.federation.strategy import ClientRow, PersonalizedPromptStrategy, RoundReport, count_nodes
 from fedrapp_app.methods import find_method
 from fedrapp_app.privacy.ledger import PrivacyLedger
 from fedrapp_app.recording.checkpoint import CLIENT_STATE_DIR, SERVER_FILE, ServerCheckpoint, new_run_token
-from fedrapp_app.recording.results import RunRecorder, clear_results, unmoved_warning, unscored_samples
+from fedrapp_app.recording.results import SITTING_OUT, RunRecorder, clear_results, unmoved_warning, unscored_samples
 from fedrapp_app.recording.runlock import (
     RESUME_WAIT_SECONDS,
     check_not_taken,

@@ -109,11 +109,6 @@ class ServerState:
         )
 
 
-#: Statuses of a client with no batch in a round while its stream goes on: dropped from it, a late joiner not yet
-#: joined, a held-out client not due, or not sampled (``fraction`` < 1).
-SITTING_OUT = ("dropped", "late", "not-due", "not-sampled")
-
-
 @dataclass
 class ClientRow:
     """One client's outcome in one round, as the results recorder writes it."""

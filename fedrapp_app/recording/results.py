@@ -100,6 +100,9 @@ def read_rows(path: Path) -> list[dict[str, Any]]:
     return rows
 
 
+#: Statuses of a client with no batch in a round while its stream goes on: dropped from it, a late joiner not yet
+#: joined, a held-out client not due, or not sampled (``fraction`` < 1); such a row has no accuracy fields.
+SITTING_OUT = ("dropped", "late", "not-due", "not-sampled")
 #: How the progress line names each status of a row other than ok.
 STATUS_WORDS = {
     "dropped": "dropped",

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from fedrapp_app.config import DATA_KEYS, DEFAULTS
+from fedrapp_app.recording.results import SITTING_OUT
 from fedrapp_app.recording.runlock import LOCK_FILE
 
 CONFIG_FILE = "config.json"
@@ -23,7 +24,7 @@ ROUNDS_FILE = "rounds.jsonl"
 SUMMARY_FILE = "summary.json"
 
 #: Row statuses in the order the tables show them (a status this version does not know gets its own column).
-STATUSES = ("ok", "failed", "rejected", "missing", "exhausted", "skipped", "dropped", "late", "not-due", "not-sampled")
+STATUSES = ("ok", "failed", "rejected", "missing", "exhausted", "skipped", *SITTING_OUT)
 
 #: Keys every row has, and the extra keys (with their types) a scored row has.
 _ROW_KEYS: dict[str, tuple[type, ...]] = {"round": (int,), "client": (int,), "status": (str,)}

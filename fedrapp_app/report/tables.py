@@ -23,6 +23,7 @@ from fedrapp_app.bench.rows import curves_from_rounds
 from fedrapp_app.bench.schema import RUNNER_KEYS, SPEED_KEYS, irrelevant_keys
 from fedrapp_app.bench.stats import Stat, mean_std
 from fedrapp_app.config import DEFAULTS, RULE_KEYS
+from fedrapp_app.recording.results import SITTING_OUT
 from fedrapp_app.report.runs import STATUSES, Run
 
 #: Rules whose rows carry a FedAMP-style mixing matrix ξ (peer_weights = its off-diagonal renormalised,
@@ -69,8 +70,11 @@ def skipped_samples(row: Mapping[str, Any]) -> int:
 
 
 def statuses_of(run: Run) -> list[str]:
-    """The statuses shown as columns: the known ones, then any other status found in the rows."""
-    return [*STATUSES, *sorted({str(r["status"]) for r in run.rows} - set(STATUSES))]
+    """The statuses shown as columns: those of a client that was sent a batch, those of a client without one
+    (dropped, late, ...) where the run has them, then any other status found in the rows."""
+    found = {str(r["status"]) for r in run.rows}
+    sent = [s for s in STATUSES if s not in SITTING_OUT]
+    return [*sent, *(s for s in SITTING_OUT if s in found), *sorted(found - set(STATUSES))]
 
 
 def client_stats(run: Run) -> list[ClientStats]:
