@@ -383,3 +383,52 @@ def test_a_model_folder_without_weights_is_refused_before_the_start_and_the_test
         check_model("testbed")
     (bare / "pytorch_model.bin.index.json").write_text("{}")  # a sharded checkpoint's index counts
     check_model(str(bare))
+
+
+# ----------------------------------------------------------------------------------- issue 39's papercuts
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--supernodes", "0", "--check"], "0 SuperNodes: at least 1 (or leave --supernodes out"),
+        (["--supernode", "3", "--check"], "unrecognized arguments: --supernode 3"),  # no abbreviation of --supernodes
+        (["--check", "-c", "seed=1 seed=2"], "'seed' is given twice (fix: give it once"),
+        (["--check", "-c", "shift='continual' shift-spread=7"], "shift-spread=7 is invalid: expected at most the 4 "),
+        (["--check", "-c", "testbed-domains='fog:2'"], "unknown corruption 'fog'"),
+    ],
+)
+def test_a_cli_papercut_is_refused_in_one_line_with_the_fix(args, message):
+    done, _ = fedrapp_sim(str(ROOT), *args)
+    assert done.returncode == 2 and message in done.stderr, done.stderr
+    if "shift-spread" in message or "testbed-domains" in " ".join(args):
+        assert "(fix: -c" in done.stderr
+
+
+def test_an_override_file_with_the_pyproject_table_or_bad_toml_says_how_to_fix_it(tmp_path):
+    table = tmp_path / "table.toml"
+    table.write_text("[tool.flwr.app.config]\nseed = 1\n")
+    done, _ = fedrapp_sim(str(ROOT), "--check", "-c", str(table))
+    assert done.returncode == 2 and "holds a [tool.flwr.app.config] table" in done.stderr
+    assert "remove the table header" in done.stderr
+    broken = tmp_path / "broken.toml"
+    broken.write_text("seed = \n")
+    done, _ = fedrapp_sim(str(ROOT), "--check", "-c", str(broken))
+    assert done.returncode == 2 and "fix: TOML, one key = value per line" in done.stderr
+
+
+def test_the_bench_names_the_option_that_is_wrong():
+    done = subprocess.run(
+        [sys.executable, "-m", "fedrapp_app.bench", str(ROOT / "conf/bench/testbed.yaml"), "--workers", "0"],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert done.returncode == 2 and "--workers 0: must be >= 1" in done.stderr
+
+
+def test_a_relative_model_or_data_folder_reaches_a_ray_cell_as_an_absolute_path(tmp_path, monkeypatch):
+    from fedrapp_app.bench.ray_cells import absolute_paths
+
+    monkeypatch.chdir(tmp_path)
+    out = absolute_paths({"model": "./models/clip", "data-dir": "data/dtd", "seed": 1})
+    assert out == {"model": str(tmp_path / "models/clip"), "data-dir": str(tmp_path / "data/dtd"), "seed": 1}
+    hub = {"model": "openai/clip-vit-base-patch16", "data-dir": "/abs/dtd"}
+    assert absolute_paths(hub) == hub  # a Hub id and an absolute folder stay as they are
+    assert absolute_paths({"model": "testbed"}) == {"model": "testbed"}

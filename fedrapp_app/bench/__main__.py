@@ -123,8 +123,13 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--no-report", action="store_true", help="do not write the report after the grid")
     args = parser.parse_args(argv)
-    if args.workers < 1 or args.threads < 0 or (args.limit is not None and args.limit < 0):
-        parser.error("--workers must be >= 1, --threads >= 0 and --limit >= 0")
+    for flag, value, low in (
+        ("--workers", args.workers, 1),
+        ("--threads", args.threads, 0),
+        ("--limit", args.limit, 0),
+    ):
+        if value is not None and value < low:
+            parser.error(f"{flag} {value}: must be >= {low}")
     if args.gpus is not None and args.gpus < 1:
         parser.error("--gpus must be >= 1")
     problem = flag_problem(args)

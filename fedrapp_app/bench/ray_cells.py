@@ -152,6 +152,23 @@ def check_cpus_per_cell(cpus: float, nodes: Sequence[Mapping[str, Any]]) -> None
         )
 
 
+#: Keys whose value may be a local path.
+PATH_KEYS = ("model", "data-dir")
+
+
+def absolute_paths(overrides: Mapping[str, Any]) -> dict[str, Any]:
+    """``overrides`` with a relative local ``model`` or ``data-dir`` made absolute from the driver's working folder,
+    as a cell in this process reads it: a Ray task runs where its node's ``ray start`` ran, where the relative path
+    means something else (a cell's identity keeps the path as written). A Hub id (``org/name``) stays as it is."""
+    out = dict(overrides)
+    for key in PATH_KEYS:
+        value = str(out.get(key, ""))
+        local = value.startswith((".", "~")) or value.count("/") > 1 or (key == "data-dir" and value != "")
+        if local and not Path(value).expanduser().is_absolute():
+            out[key] = str(Path(value).expanduser().resolve())
+    return out
+
+
 def connect(address: str) -> None:
     """Join the Ray cluster at ``address`` (``HOST:PORT`` or ``auto``) as a driver; ``BenchError`` in one line."""
     import ray
@@ -235,7 +252,7 @@ class RayExecutor:
 
     def submit(self, cell: Cell) -> None:
         task = self._task.options(num_cpus=self.cpus, num_gpus=self.gpus, max_retries=0, name=f"bench {cell.id}")
-        self._refs[task.remote(dict(cell.overrides), cell.id, str(self.runs_dir), self.threads)] = cell
+        self._refs[task.remote(absolute_paths(cell.overrides), cell.id, str(self.runs_dir), self.threads)] = cell
 
     def poll(self, timeout: float) -> list[Outcome]:
         import ray

@@ -79,7 +79,11 @@ def kebab(field_name: str) -> str:
 
 
 def _bad(field_name: str, value: Any, allowed: str) -> ValueError:
-    return ValueError(f"{kebab(field_name)}={value!r} is invalid: expected {allowed}")
+    """The refusal of a field's value: what is expected and, unless ``allowed`` says it, the fix."""
+    key = kebab(field_name)
+    example = "'<value>'" if isinstance(value, str) else "<value>"
+    fix = "" if "fix:" in allowed else f' (fix: -c "{key}={example}" or edit [tool.flwr.app.config])'
+    return ValueError(f"{key}={value!r} is invalid: expected {allowed}{fix}")
 
 
 def _check_int(spec: DataSpec, name: str, low: int) -> None:
@@ -140,10 +144,12 @@ def check_domains(domains: tuple[tuple[str, int] | None, ...]) -> None:
             raise ValueError(
                 f"testbed-domains: unknown corruption {name!r}; allowed: 'clean', "
                 + ", ".join(repr(c) for c in corruptions.CORRUPTIONS)
+                + " (fix: -c \"testbed-domains='blur:2,contrast:2'\")"
             )
         if not 1 <= severity <= corruptions.MAX_SEVERITY:
             raise ValueError(
-                f"testbed-domains: severity {severity} of {name!r} is outside 1..{corruptions.MAX_SEVERITY}"
+                f"testbed-domains: severity {severity} of {name!r} is outside 1..{corruptions.MAX_SEVERITY} "
+                f"(fix: -c \"testbed-domains='{name}:{min(max(severity, 1), corruptions.MAX_SEVERITY)}'\")"
             )
 
 

@@ -105,6 +105,11 @@ def parse_pairs(text: str) -> dict[str, Any]:
             )
         key, raw = found.groups()
         position = found.end()
+        if key in values:
+            raise ConfigError(
+                f'cannot read -c "{text}": {key!r} is given twice (fix: give it once; later -c options override '
+                "earlier ones)"
+            )
         try:
             values[key] = tomllib.loads(f"v = {raw}")["v"]
         except tomllib.TOMLDecodeError:
@@ -132,8 +137,19 @@ def app_overrides(app_dir: Path, overrides: list[str]) -> dict:
                 path = Path.cwd() / path
             try:
                 loaded = tomllib.loads(path.read_text())
-            except (OSError, tomllib.TOMLDecodeError) as err:
+            except OSError as err:
                 raise ConfigError(f"cannot read the override file {path}: {err}") from err
+            except tomllib.TOMLDecodeError as err:
+                raise ConfigError(
+                    f"cannot read the override file {path}: {err} (fix: TOML, one key = value per line, strings in "
+                    "quotes: seed = 1, strategy = 'fedavg'; as pyproject-run.toml)"
+                ) from err
+            nested = loaded.get("tool", {}).get("flwr", {}).get("app", {}).get("config")
+            if isinstance(nested, dict) and set(loaded) == {"tool"}:
+                raise ConfigError(
+                    f"{path} holds a [tool.flwr.app.config] table: an override file has its keys at the top level "
+                    "(fix: remove the table header, as in pyproject-run.toml)"
+                )
             unknown = sorted(set(loaded) - set(KEY_BY_NAME))
             if unknown:
                 import difflib
@@ -349,12 +365,24 @@ def _on_signal(signum: int, _frame: Any) -> None:
     raise Interrupted(signal.Signals(signum).name)
 
 
+def _at_least_one(text: str) -> int:
+    """``--supernodes``: an integer of at least 1 (omit the option for one SuperNode per client)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value} SuperNodes: at least 1 (or leave --supernodes out: one per client)")
+    return value
+
+
 def _parser() -> argparse.ArgumentParser:
     doc = __doc__ or ""
     parser = argparse.ArgumentParser(
         prog="fedrapp-sim",
         description=doc.split("\n\n")[0],
         epilog=doc.split("\n\n")[-1],
+        allow_abbrev=False,  # --supernode 3 is a typo, not --supernodes
     )
     parser.add_argument("app", nargs="?", default=".", help="the app folder (holding pyproject.toml)")
     parser.add_argument(
@@ -366,7 +394,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--supernodes",
-        type=int,
+        type=_at_least_one,
         default=0,
         help=f"simulated SuperNodes, one client each (default: num-clients, or {DEFAULT_SUPERNODES} when it is 0)",
     )
