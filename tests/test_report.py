@@ -89,7 +89,7 @@ def _per_client(rows):
 def test_every_run_gets_every_file_and_small_figures(reports):
     for name, page in reports.items():
         files = {p.name for p in page.parent.iterdir()}
-        expected = {"report.md", "overview.png", "accuracy.png", "status.png"}
+        expected = {"report.md", "overview.png", "accuracy.png", "status.png", "domains.png"}  # testbed: domains
         expected |= {"peers.png"} if name != "none-fed" else set()
         expected |= {"fedrapp.png"} if name in ("fedrapp", "interrupted") else set()
         assert files == expected, name
@@ -273,3 +273,36 @@ def test_a_method_that_never_moves_a_prompt_is_reported_with_the_reason(testbed_
     assert "**Warning.** The local method moved no prompt in any round" in page and "nothing to share" in page
     moving, _, _ = run_federation({**config, "adaprompt-threshold": 0.0, "run-name": "moving"})
     assert moving["unmoved_share"] == 0.0  # the threshold of small_run: it updates from the first round
+
+
+def test_the_report_says_what_each_point_rests_on_and_follows_each_domain_over_the_stream():
+    from fedrapp_app.report.figures import domain_curves, thin_rounds
+    from fedrapp_app.report.page import domains_seen
+
+    rows = [
+        {"round": 1, "client": 0, "status": "ok", "domain": "blur:2", "domains": {"blur:2": [10, 5]}},
+        {"round": 1, "client": 1, "status": "ok", "domain": "contrast:2", "domains": {"contrast:2": [10, 2]}},
+        {"round": 2, "client": 0, "status": "ok", "domain": "contrast:2", "domains": {"contrast:2": [10, 4]}},
+        {"round": 2, "client": 1, "status": "dropped"},
+        {
+            "round": 3,
+            "client": 0,
+            "status": "ok",
+            "domain": "mixed",
+            "domains": {"blur:2": [4, 4], "contrast:2": [6, 0]},
+        },
+    ]
+    curves = domain_curves(rows)
+    assert curves["blur:2"][0].tolist() == [1, 3] and curves["blur:2"][1].tolist() == [0.5, 1.0]
+    assert curves["contrast:2"][1].tolist() == [0.2, 0.4, 0.0]  # pooled over the clients in it that round
+    pooled = {"rounds": {"round": [1, 2, 3], "clients": [2, 1, 1]}, "clients": {0: {}, 1: {}}}
+    assert thin_rounds(pooled).tolist() == []  # 1 of 2 clients is half, not fewer
+    pooled["clients"][2] = {}
+    assert thin_rounds(pooled).tolist() == [2, 3]  # 1 of 3 clients: marked on the curve
+
+    class FakeRun:
+        pass
+
+    run = FakeRun()
+    run.rows = rows
+    assert domains_seen(run) == {0: "blur:2 → contrast:2 → mixed", 1: "contrast:2"}

@@ -142,6 +142,11 @@ def draw_accuracy(
     rounds, acc = round_curve([curves], numerator)
     label = "online, all clients" if key == "acc" else "received prompt, all clients"
     ax.plot(rounds, 100 * acc, color="black", linewidth=2.0, label=label)
+    thin = thin_rounds(curves)  # a pooled point that rests on few clients: said, not hidden
+    if thin.size:
+        at = np.isin(rounds, thin)
+        ax.plot(rounds[at], 100 * acc[at], linestyle="none", marker="o", markersize=5, markerfacecolor="white",
+                color="black", label=f"rests on < {THIN_SHARE:.0%} of the clients")  # fmt: skip
     if with_received and key == "acc":
         _, before = round_curve([curves], "correct_before")
         label = "received prompt, all"
@@ -161,6 +166,53 @@ def mark_switches(ax: Any, rounds: Sequence[int]) -> None:
         ax.axvline(
             t - 0.5, color="#7f7f7f", linestyle=(0, (1, 2)), linewidth=0.9, label="domain switch" if not k else None
         )
+
+
+#: A round whose pooled accuracy rests on fewer than this share of the clients that ever scored is marked as such.
+THIN_SHARE = 0.5
+
+
+def thin_rounds(curves: Mapping[str, Any]) -> np.ndarray:
+    """The rounds [k] in which fewer than :data:`THIN_SHARE` of the clients that ever scored did (late rounds of
+    the clients with long streams, rounds most clients sat out)."""
+    counts = np.asarray(curves["rounds"]["clients"])
+    everyone = len(curves["clients"])
+    return np.asarray(curves["rounds"]["round"])[counts < THIN_SHARE * everyone] if everyone else np.array([], int)
+
+
+def domain_curves(rows: Sequence[Mapping[str, Any]]) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """Each shift domain's online accuracy per round over every client's samples in it: domain -> (rounds [k],
+    accuracy [k]), from the rows' per-domain counts."""
+    totals: dict[str, dict[int, list[int]]] = {}
+    for row in rows:
+        if row.get("status") != "ok":
+            continue
+        for domain, (n, right) in (row.get("domains") or {}).items():
+            cell = totals.setdefault(domain, {}).setdefault(int(row["round"]), [0, 0])
+            cell[0] += n
+            cell[1] += right
+    out = {}
+    for domain, by_round in sorted(totals.items()):
+        rounds = np.array(sorted(by_round))
+        out[domain] = rounds, np.array([by_round[t][1] / by_round[t][0] for t in rounds])
+    return out
+
+
+def domain_figure(run: Run, title: str, path: Path) -> Path | None:
+    """``domains.png``: each shift domain's online accuracy over the stream (None for a run without domains)."""
+    curves = domain_curves(run.rows)
+    if not curves:
+        return None
+    fig = _figure(7, 3.4)
+    ax = fig.add_subplot()
+    for domain, (rounds, acc) in curves.items():
+        ax.plot(rounds, 100 * acc, marker=".", linewidth=1.2, label=domain)
+    mark_switches(ax, switch_rounds(run.rows))
+    ax.set_ylabel("online accuracy of the round's samples (%)", fontsize=LABEL)
+    ax.set_title(title, fontsize=TITLE)
+    _round_axis(ax)
+    ax.legend(fontsize=SMALL, loc="best", ncol=2)
+    return _save(fig, path)
 
 
 def draw_counts(ax: Any, curves: Mapping[str, Any], num_clients: int) -> None:

@@ -136,6 +136,8 @@ def _shift_section(run: Run) -> str:
         )
     if o["held_out_samples"]:
         out.write(f"Held-out clients: {_pct(o['held_out_accuracy'])}% on {o['held_out_samples']} samples.\n\n")
+    if o["per_domain_samples"]:
+        out.write("![accuracy per shift domain over the stream](domains.png)\n\n")
     return out.getvalue()
 
 
@@ -149,6 +151,22 @@ def _movement_line(run: Run) -> str:
     text += f" (commonest reason: {o['unmoved_reason']}).\n" if share else ".\n"
     warning = unmoved_warning(o)
     return text + (f"\n> **Warning.** {warning[0].upper()}{warning[1:]}.\n" if warning else "") + "\n"
+
+
+def domains_seen(run: Run) -> dict[int, str]:
+    """On moving streams, each client's domains in the order it met them ("blur:2 → contrast:2", "mixed"), for
+    the client table's domain column."""
+    seen: dict[int, list[str]] = {}
+    for row in sorted(run.rows, key=lambda r: int(r["round"])):
+        if row.get("status") == "ok" and row.get("domain"):
+            order = seen.setdefault(int(row["client"]), [])
+            if not order or order[-1] != row["domain"]:
+                order.append(str(row["domain"]))
+    out = {}
+    for client, order in seen.items():
+        distinct = list(dict.fromkeys(order))
+        out[client] = " → ".join(order) if len(order) <= 4 else f"{len(distinct)} domains, {len(order) - 1} switches"
+    return out
 
 
 def _clients_section(run: Run, stats: Sequence[ClientStats], shares: dict[int, tuple[float, float]]) -> str:
@@ -165,11 +183,12 @@ def _clients_section(run: Run, stats: Sequence[ClientStats], shares: dict[int, t
     ]
     if shares:
         headers.append("peer weight on own domain (%)")
+    moving = domains_seen(run)
     rows = []
     for s in stats:
         row = [
             s.client,
-            s.domain or "–",
+            s.domain or moving.get(s.client, "–"),
             _pct(s.accuracy),
             _pct(s.accuracy_received),
             s.samples,
@@ -369,6 +388,7 @@ def write_run_report(run: Run, out: Path, regenerate: str) -> Path:
     figures.overview_figure(run, curves, stats, matrix, mean_share(shares), head, out / "overview.png")
     figures.accuracy_figure(run, curves, head, out / "accuracy.png")
     figures.status_figure(run, f"{run.name}: row status per client and round", out / "status.png")
+    figures.domain_figure(run, f"{run.name}: online accuracy per shift domain", out / "domains.png")
     if matrix is not None:
         figures.peers_figure(
             run, matrix, run.strategy in XI_RULES, f"{run.name}: who learns from whom", out / "peers.png"
