@@ -226,7 +226,7 @@ def test_the_summarys_seconds_cover_the_setup_and_every_round(testbed_tiny_repor
 # ------------------------------------------------------------------------------------------- comparison
 def test_two_runs_side_by_side(runs):
     page = write_report([runs["fedrapp"], runs["fedavg"]])
-    assert page == runs["fedrapp"].parent / "compare-fedrapp-vs-fedavg" / "report.md"
+    assert page == runs["fedrapp"].parent / "compare-strategy-fedrapp-vs-strategy-fedavg" / "report.md"  # by label
     text = page.read_text()
     assert "per-client differences are paired" in text
     assert (page.parent / "runs" / "fedavg" / "report.md").is_file()
@@ -248,9 +248,23 @@ def test_runs_that_differ_beyond_the_strategy_are_flagged(runs, tmp_path):
     comparison = compare([load_run(runs["fedavg"]), load_run(runs["fedamp"]), load_run(other)])
     assert comparison.differing == ["seed"]
     text = write_report([runs["fedavg"], other], tmp_path / "cmp").read_text()
-    assert "differ in more than the server rule" in text and "`seed` (0 / 1)" in text
+    assert "did not see the same streams" in text and "`seed` (0 / 1)" in text  # the seed fixes the streams
     assert "**Incomplete runs**: `strategy=fedrapp, seed=1`" in text and "different number of samples" in text
     assert "| `strategy=fedavg, seed=0` (reference) | [fedavg](runs/fedavg/report.md) |" in text
+
+
+def test_runs_that_differ_in_the_local_method_on_the_same_streams_are_paired(runs, tmp_path):
+    """The pairing comes from the streams' fingerprint, not from which keys differ: another local method on the
+    same streams is a paired comparison, with ECE and per-domain accuracy beside accuracy."""
+    other = tmp_path / "tda"
+    shutil.copytree(runs["fedavg"], other)
+    stored = json.loads((other / "config.json").read_text())
+    stored["config"]["local-method"] = "tda"
+    (other / "config.json").write_text(json.dumps(stored))
+    text = write_report([runs["fedavg"], other]).read_text()
+    assert "Every client saw the same stream in every run" in text and "`local-method`" in text
+    assert "did not see the same streams" not in text
+    assert "| ECE (%) |" in text and "(%) |" in text.split("| ECE (%) |")[1].split("\n")[0]  # a column per domain
 
 
 def test_a_rule_hyperparameter_is_not_a_difference(runs, tmp_path):

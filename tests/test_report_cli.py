@@ -107,7 +107,7 @@ def test_help_says_where_reports_go(capsys):
         main(["--help"])
     assert exit_info.value.code == 0
     text = " ".join(capsys.readouterr().out.split())
-    assert "RUN_DIR/report" in text and "compare-<name1>-vs-<name2>" in text
+    assert "RUN_DIR/report" in text and "compare-<what differs>-vs-" in text
 
 
 def test_an_odd_but_valid_run_renders(tmp_path):

@@ -21,7 +21,7 @@ OUT/runs/<name>/."""
 
 _OUT_HELP = (
     "where to write. Default with one RUN_DIR: RUN_DIR/report. Default with several: a folder "
-    "compare-<name1>-vs-<name2>... beside the first RUN_DIR (shortened with a hash when the names are long)"
+    "compare-<what differs>-vs-... in the folder that holds the RUN_DIRs (shortened with a hash when long)"
 )
 
 

@@ -13,6 +13,8 @@ from __future__ import annotations
 import hashlib
 import io
 import math
+import os
+import re
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -423,13 +425,15 @@ def write_run_report(run: Run, out: Path, regenerate: str) -> Path:
 
 # ---------------------------------------------------------------------------------------------- several
 def default_compare_dir(runs: Sequence[Run]) -> Path:
-    """``<folder of the first run>/compare-<a>-vs-<b>…`` (a hash of the folders when the names are long)."""
-    names = [run.name for run in runs]
-    slug = "-vs-".join(names)
+    """``compare-<label a>-vs-<label b>…`` in the folder that holds the runs (their common parent), named by what
+    the runs differ in (``run_labels``; a hash of the folders when that gets long)."""
+    labels = run_labels(runs, _unique_names(runs))
+    slug = "-vs-".join(re.sub(r"[^A-Za-z0-9.+]+", "-", label).strip("-") for label in labels)
     if len(slug) > 120:
         digest = hashlib.sha1("\n".join(str(run.path) for run in runs).encode()).hexdigest()[:8]
-        slug = f"{names[0][:60]}-vs-{len(names) - 1}-runs-{digest}"
-    return runs[0].path.parent / f"compare-{slug}"
+        slug = f"{slug[:60].rstrip('-')}-and-{len(runs) - 1}-more-{digest}"
+    parent = Path(os.path.commonpath([str(run.path.resolve().parent) for run in runs]))
+    return parent / f"compare-{slug}"
 
 
 def _unique_names(runs: Sequence[Run]) -> list[str]:
@@ -442,19 +446,18 @@ def _unique_names(runs: Sequence[Run]) -> list[str]:
 
 
 def _pairing_text(c: Comparison) -> str:
-    if c.differing:
-        keys = ", ".join(
-            f"`{k}` ({' / '.join(repr(run.config.get(k, '(absent)')) for run in c.runs)})" for k in c.differing
-        )
+    keys = ", ".join(
+        f"`{k}` ({' / '.join(repr(run.config.get(k, '(absent)')) for run in c.runs)})" for k in c.differing
+    )
+    if c.same_streams:
+        also = f" They also differ in {keys}: that is what is compared." if c.differing else ""
         return (
-            f"**The configs differ in more than the server rule and its hyperparameters**: {keys}. The clients did "
-            "not necessarily see the same streams with the same local method, so the per-client differences below "
-            "are not paired by strategy alone; read them with that in mind.\n\n"
+            "Every client saw the same stream in every run (the same data keys, clients and seed: the streams' "
+            f"fingerprint), so the per-client differences are paired.{also}\n\n"
         )
     return (
-        "The configs differ only in the server rule and its own hyperparameters (and output, speed-only or "
-        "irrelevant keys): every client saw the same stream with the same local method in every run, so the "
-        "per-client differences are paired.\n\n"
+        f"**The clients did not see the same streams** (the runs differ in what fixes them: {keys or 'the data'}), "
+        "so the per-client differences below are not paired; read them with that in mind.\n\n"
     )
 
 
@@ -483,6 +486,8 @@ def write_compare_report(runs: Sequence[Run], out: Path, regenerate: str) -> Pat
     if incomplete:
         page.write(f"> **Incomplete runs**: {'; '.join(incomplete)}.\n\n")
     page.write("![accuracy per round and per-client differences](compare.png)\n\n")
+    outcomes = [outcome_summary(run.rows) for run in runs]
+    domain_names = sorted({d for o in outcomes for d in o["per_domain_accuracy"]})
     rows = []
     for k, (run, name, label, t) in enumerate(zip(runs, names, labels, c.totals, strict=True)):
         delta = "" if k == 0 else f"{100 * (t.micro - c.totals[0].micro):+.2f}"
@@ -501,8 +506,11 @@ def write_compare_report(runs: Sequence[Run], out: Path, regenerate: str) -> Pat
                 t.rounds,
                 delta,
                 paired,
+                "–" if outcomes[k]["ece"] is None else _pct(outcomes[k]["ece"]),
+                *(_pct(outcomes[k]["per_domain_accuracy"][d]) if d in outcomes[k]["per_domain_accuracy"] else "–"
+                  for d in domain_names),
             ]
-        )
+        )  # fmt: skip
     page.write(
         _table(
             [
@@ -518,10 +526,16 @@ def write_compare_report(runs: Sequence[Run], out: Path, regenerate: str) -> Pat
                 "rounds",
                 "Δ micro",
                 "Δ per client, mean ± std",
+                "ECE (%)",
+                *(f"{d} (%)" for d in domain_names),
             ],
             rows,
         )
     )
+    if domain_names:
+        page.write(
+            "\nECE: expected calibration error after adaptation; then the online accuracy in each shift domain.\n"
+        )
     page.write("\n## Per client\n\nOnline accuracy (%) of each run; Δ: minus the reference (points).\n\n")
     headers = ["client", "domain", *(f"{label} (%)" for label in labels), *(f"Δ {label}" for label in labels[1:])]
     n_clients = c.accuracy.shape[1]

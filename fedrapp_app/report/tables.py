@@ -589,6 +589,7 @@ class Comparison:
     received: np.ndarray
     samples: np.ndarray
     differing: list[str]
+    same_streams: bool = False  # every run's clients saw the same streams (stream_fingerprint)
 
     def delta(self, k: int) -> np.ndarray:
         """Per-client online accuracy of run k minus the reference's [N] (NaN where either scored nothing)."""
@@ -601,6 +602,20 @@ class Comparison:
     def same_samples(self, k: int) -> bool:
         """Every client scored as many samples in run k as in the reference."""
         return bool(np.array_equal(self.samples[k], self.samples[0]))
+
+
+def stream_fingerprint(run: Run) -> str:
+    """What fixes every client's stream (the dataset, its partition, order, shift and batches: the data keys, the
+    clients, the seed), as a digest: two runs with the same fingerprint fed each client the same images in the same
+    order, whatever else (the rule, the local method) differs."""
+    import hashlib
+    import json
+
+    from fedrapp_app.config import DATA_KEYS
+
+    values = {k: run.config.get(k, DEFAULTS.get(k)) for k in sorted(DATA_KEYS)}
+    values["num-clients"] = run.num_clients
+    return hashlib.sha1(json.dumps(values, sort_keys=True, default=str).encode()).hexdigest()[:12]
 
 
 def compare(runs: Sequence[Run]) -> Comparison:
@@ -623,4 +638,5 @@ def compare(runs: Sequence[Run]) -> Comparison:
         received=received,
         samples=samples,
         differing=differing_keys(runs),
+        same_streams=len({stream_fingerprint(run) for run in runs}) == 1,
     )
