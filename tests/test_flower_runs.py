@@ -308,3 +308,20 @@ def test_the_example_plugins_run_through_fedrapp_sim_and_plain_flwr_run(testbed_
     _plain_flwr_run({**plain, "num-rounds": 2, **plugins}, tmp_path / "plain-flower")
     summary = json.loads((tmp_path / "plain" / "run" / "summary.json").read_text())
     assert summary["complete"] and summary["num_clients"] == 2 and summary["config"]["local-method"] == "confident-half"
+
+
+def test_several_seeds_run_in_turn_report_their_mean_and_resume_by_skipping_the_finished_ones(testbed_tiny, tmp_path):
+    """fedrapp-sim --seeds 0,1: one run per seed in <name>-seed<s>, then one report over the seeds; the same command
+    with resume=true finds both finished and only rewrites the report."""
+    config = small_run(testbed_tiny, tmp_path / "out", **{"num-rounds": 1, "run-name": "exp"})
+    done = _fedrapp_sim(["--seeds", "0,1", "-c", _as_overrides(config)], tmp_path / "flwr-home")
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    for seed in (0, 1):
+        summary = json.loads((tmp_path / "out" / f"exp-seed{seed}" / "summary.json").read_text())
+        assert summary["config"]["seed"] == seed and summary["rounds"] == 1
+    seeds = json.loads((tmp_path / "out" / "exp-seeds" / "seeds.json").read_text())
+    assert [s["seed"] for s in seeds["seeds"]] == [0, 1] and seeds["over_seeds"]["micro_accuracy"]["seeds"] == 2
+    page = (tmp_path / "out" / "exp-seeds" / "report.md").read_text()
+    assert "over 2 seeds" in page and "| mean ± std [95% interval] |" in page
+    again = _fedrapp_sim(["--seeds", "0,1", "-c", _as_overrides({**config, "resume": True})], tmp_path / "flwr-home")
+    assert again.returncode == 0 and again.stdout.count("already finished") == 2, again.stdout[-2000:]

@@ -432,3 +432,14 @@ def test_a_relative_model_or_data_folder_reaches_a_ray_cell_as_an_absolute_path(
     hub = {"model": "openai/clip-vit-base-patch16", "data-dir": "/abs/dtd"}
     assert absolute_paths(hub) == hub  # a Hub id and an absolute folder stay as they are
     assert absolute_paths({"model": "testbed"}) == {"model": "testbed"}
+
+
+def test_a_seed_list_reads_lists_and_ranges_and_refuses_the_rest():
+    import argparse
+
+    from fedrapp_app.running.launch import seed_list
+
+    assert seed_list("0,1,2") == [0, 1, 2] and seed_list("0-3") == [0, 1, 2, 3] and seed_list("0-1,7") == [0, 1, 7]
+    for bad in ("", "a", "1,1", "-1", "3-x"):
+        with pytest.raises(argparse.ArgumentTypeError):
+            seed_list(bad)

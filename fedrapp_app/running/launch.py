@@ -365,6 +365,20 @@ def _on_signal(signum: int, _frame: Any) -> None:
     raise Interrupted(signal.Signals(signum).name)
 
 
+def seed_list(text: str) -> list[int]:
+    """``--seeds``: '0,1,2', '0-4' or a mix ('0-2,7'), each a seed >= 0, none twice."""
+    seeds: list[int] = []
+    try:
+        for part in text.split(","):
+            low, _, high = part.strip().partition("-")
+            seeds += list(range(int(low), int(high) + 1)) if high else [int(low)]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected seeds like 0,1,2 or a range 0-4") from None
+    if not seeds or min(seeds) < 0 or len(set(seeds)) != len(seeds):
+        raise argparse.ArgumentTypeError(f"{text!r}: seeds must be >= 0, each once")
+    return seeds
+
+
 def _at_least_one(text: str) -> int:
     """``--supernodes``: an integer of at least 1 (omit the option for one SuperNode per client)."""
     try:
@@ -419,6 +433,15 @@ def _parser() -> argparse.ArgumentParser:
         help="check the config (the app's defaults + -c), the run folder, the model and the data, then exit without "
         "starting anything (0: all fine; 2: the message says what to fix); also names the key behind plain flwr run's "
         "'[code: 15] Invalid run configuration.'",
+    )
+    parser.add_argument(
+        "--seeds",
+        type=seed_list,
+        default=None,
+        metavar="0,1,2",
+        help="run the experiment once per seed ('0,1,2' or a range '0-4'), one after the other, each in "
+        "<run-name>-seed<s>, then write one report with the mean and 95%% interval over the seeds; Ctrl-C stops it, "
+        "and the printed command resumes it (finished seeds are skipped)",
     )
     parser.add_argument(
         "--overwrite",
@@ -521,6 +544,63 @@ def main(argv: list[str] | None = None) -> int:
     app_dir = Path(args.app).expanduser().resolve()
     if not (app_dir / "pyproject.toml").is_file():
         parser.error(f"{app_dir} holds no pyproject.toml: pass the FedRAPP app folder")
+    if args.seeds:
+        return run_seeds(args, app_dir)
+    return run_one(args, app_dir)
+
+
+def run_seeds(args: argparse.Namespace, app_dir: Path) -> int:
+    """``--seeds``: the run once per seed, in ``<run-name>-seed<s>`` (a resume continues the seed it stopped in and
+    skips the finished ones), then the seeds' report; stops at the first seed that fails or is interrupted."""
+    from fedrapp_app.recording.checkpoint import SERVER_FILE
+
+    try:
+        values = app_overrides(app_dir, args.run_config)
+        base = RunConfig.from_run_config({k: v for k, v in values.items() if k != "seed"})
+    except ConfigError as err:
+        print(f"fedrapp-sim: {err}", file=sys.stderr)
+        return 2
+    name = str(base["run-name"]) or base.run_name().replace(f"-seed{base['seed']}", "") + time.strftime(
+        "-seeds-%Y%m%d-%H%M%S"
+    )
+    out_dir = Path(str(base["output-dir"])).expanduser().resolve()
+    resume = bool(base["resume"])
+    run_dirs = []
+    for seed in args.seeds:
+        run_dir = out_dir / f"{name}-seed{seed}"
+        run_dirs.append(run_dir)
+        again = resume and (run_dir / SERVER_FILE).is_file()
+        extra = f"seed={seed} run-name={_toml_string(run_dir.name)} resume={'true' if again else 'false'}"
+        one = argparse.Namespace(**{**vars(args), "seeds": None, "run_config": [*args.run_config, extra]})
+        print(f"fedrapp-sim: seed {seed} ({len(run_dirs)} of {len(args.seeds)}) -> {run_dir}", flush=True)
+        code = run_one(one, app_dir)
+        if code == 130:
+            seeds = ",".join(map(str, args.seeds))
+            resume_args = [*args.run_config, f"run-name={_toml_string(name)} resume=true"]
+            parts = [
+                "fedrapp-sim",
+                _shell_word(args.app),
+                "--seeds",
+                seeds,
+                *(w for o in resume_args for w in ("-c", _shell_word(o))),
+            ]
+            print(
+                f"fedrapp-sim: the seeds stopped at seed {seed}; continue them with:\n  {' '.join(parts)}",
+                file=sys.stderr,
+            )
+            return code
+        if code != 0:
+            print(f"fedrapp-sim: seed {seed} ended with status {code}: the seeds stop here", file=sys.stderr)
+            return code
+    from fedrapp_app.report.seeds import write_seeds_report
+
+    page = write_seeds_report(run_dirs, out_dir / f"{name}-seeds")
+    print(f"fedrapp-sim: {len(run_dirs)} seeds; mean and 95% interval over them in {page}")
+    return 0
+
+
+def run_one(args: argparse.Namespace, app_dir: Path) -> int:
+    """One run: the pre-start checks, then the launch (or, with --check, nothing)."""
     from fedrapp_app.federation.server import finished_already
     from fedrapp_app.running.preflight import PreflightError
 
