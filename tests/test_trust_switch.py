@@ -18,6 +18,8 @@ from typing import Any
 import pytest
 from trust_golden import CELLS, record
 
+from fedrapp_app.recording.results import SITTING_OUT
+
 GOLDEN = Path(__file__).parent / "data" / "trust_golden.json"
 #: What the clients no longer report: the neighbour votes of the probe, which only unchosen variants read.
 DROPPED = ("v_probe", "v_own_probe")
@@ -47,7 +49,9 @@ def test_the_trust_switch_gives_the_chosen_variants_rows_and_state_bit_for_bit()
     assert golden["commit"] == "9c3f0c6" and set(golden["cells"]) == set(CELLS)
     now = record({"trust": True})
     for cell in now.values():
-        cell["rows"] = [{k: v for k, v in row.items() if k not in ADDED} for row in cell["rows"]]
+        # rows of clients a round did not send to (issue 39) are written since the record was made: no accuracy
+        sent = [row for row in cell["rows"] if row["status"] not in SITTING_OUT]
+        cell["rows"] = [{k: v for k, v in row.items() if k not in ADDED} for row in sent]
     for name, old in golden["cells"].items():
         rows = [{k: v for k, v in row.items() if k not in DROPPED} for row in old["rows"]]
         digests = {k: v["sha256"] for k, v in old["checkpoint"].items()}
