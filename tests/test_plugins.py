@@ -83,7 +83,7 @@ def test_the_plugin_method_runs_the_same_by_entry_point_and_as_module_class(test
     base = small_run(testbed_tiny, tmp_path, **{"num-rounds": 3, "method-params": "share=0.25"})
     plugin, _, _ = run_federation({**base, "local-method": "confident-half", "run-name": "plugin"})
     direct, _, _ = run_federation(
-        {**base, "local-method": "fedrapp_confident_half:ConfidentHalf", "run-name": "direct"}
+        {**base, "local-method": "fedrapp_confident_half.method:ConfidentHalf", "run-name": "direct"}
     )
     rows = comparable_rows(read_rows(plugin["run_dir"]))
     assert rows == comparable_rows(read_rows(direct["run_dir"]))
@@ -117,7 +117,7 @@ def test_the_plugin_methods_step_minimises_the_entropy_of_the_most_confident_sha
     [
         ("strategy='mean-mix' rule-params='weight=1.5'", "weight = 1.5 is outside its allowed range [0, 1]"),
         ("strategy='mean-mix' rule-params='wieght=0.3'", "unknown parameter 'wieght' for server rule 'mean-mix'"),
-        ("local-method='confident-half' method-params='share=0'", "share must be in (0, 1]"),
+        ("local-method='confident-half' method-params='share=0'", "share = 0.0 is outside its allowed range (0, 1]"),
         ("local-method='confident-half' method-params='share=x'", "parameter 'share' expects a float, got 'x'"),
         ("local-method='confident-half' trust=true", "cannot score its own last tuned prompt"),
         ("strategy='plugin_rulez:raises'", "cannot import module 'plugin_rulez'"),
@@ -277,3 +277,21 @@ def test_this_projects_own_names_are_its_pyproject_entry_points():
     points = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["entry-points"]
     assert sorted(points["fedrapp.rules"]) == sorted((*builtins.RULES, *builtins.OPTIONS))
     assert sorted(points["fedrapp.methods"]) == sorted(builtins.METHODS)
+
+
+def test_the_public_module_gives_a_plugin_everything_and_costs_no_torch():
+    """fedrapp_app.plugins: every name it lists resolves; a rule's names and a method's parameters (the example's
+    MethodSpec, checked as a run's pre-start checks do) import no torch; the torch-backed names load on use."""
+    code = (
+        "import sys\n"
+        "import fedrapp_app.plugins as p\n"
+        "from fedrapp_app.plugins import Diagnostics, Interval, MethodSpec, RoundOutput, RuleParams, param, rule\n"
+        "from fedrapp_app.plugins import validate_round\n"
+        "p.method_params('confident-half', {'share': 0.3}); p.make_params('mean-mix', {'weight': 0.2})\n"
+        "assert 'torch' not in sys.modules, 'torch was imported'\n"
+        "missing = [n for n in p.__all__ if getattr(p, n, None) is None]\n"
+        "assert not missing, missing\n"
+        "assert 'torch' in sys.modules and p.LocalMethod.__module__ == 'fedrapp_app.methods.base'\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr

@@ -9,7 +9,7 @@ their parameters from config.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from numpy.typing import ArrayLike
@@ -121,7 +121,7 @@ def find_rule(name: str) -> Found:
                 "function (see docs/extending.md)"
             )
         target = Rule(target, summary=(target.__doc__ or "").strip().split("\n")[0])
-    return Found(found.name, target, found.origin, found.package)
+    return replace(found, target=target)
 
 
 def rules() -> dict[str, Rule]:

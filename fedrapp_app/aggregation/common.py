@@ -19,6 +19,9 @@ from typing import Any, Protocol
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
+# Ranges and documented fields live in the registry (rules and methods share them); re-exported here.
+from fedrapp_app.registry.parameters import NON_NEGATIVE, POSITIVE, UNIT, Interval, param  # noqa: F401
+
 #: A statistic counts as having zero spread when its population std is at most this fraction of its
 #: largest magnitude. Identical float32 uploads can give a float64 mean that is off by an ulp, and dividing
 #: that rounding noise by an equally tiny std would turn "all equal" into z-scores of ±1. Distinct float32
@@ -191,34 +194,6 @@ def rule(
 
 
 # -------------------------------------------------------------------------------------------- parameters
-@dataclass(frozen=True)
-class Interval:
-    """A range of allowed parameter values, printed the mathematical way (``[0, 1]``, ``(0, inf)``)."""
-
-    low: float
-    high: float
-    low_open: bool = False
-    high_open: bool = False
-
-    def __contains__(self, value: float) -> bool:
-        above = value > self.low if self.low_open else value >= self.low
-        below = value < self.high if self.high_open else value <= self.high
-        return above and below  # False for NaN
-
-    def __str__(self) -> str:
-        return f"{'(' if self.low_open else '['}{self.low:g}, {self.high:g}{')' if self.high_open else ']'}"
-
-
-UNIT = Interval(0.0, 1.0)
-NON_NEGATIVE = Interval(0.0, math.inf, high_open=True)
-POSITIVE = Interval(0.0, math.inf, low_open=True, high_open=True)
-
-
-def param(default: float, allowed: Interval, help: str) -> Any:
-    """A float hyperparameter field with its allowed range and a one-line meaning (for docs and errors)."""
-    return field(default=default, metadata={"allowed": allowed, "help": help})
-
-
 class RuleParams:
     """Base of the frozen hyperparameter dataclasses: coerces every field to float and checks its range."""
 

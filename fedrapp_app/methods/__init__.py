@@ -8,6 +8,7 @@ anything heavy; :func:`make_method` imports the implementing class when a client
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 from collections.abc import Mapping
 from typing import Any
@@ -47,7 +48,7 @@ def find_method(name: str) -> Found:
             )
         doc = (target.__doc__ or "").strip().splitlines()
         target = MethodSpec(f"{target.__module__}:{target.__qualname__}", params, doc[0] if doc else "")
-    return Found(found.name, target, found.origin, found.package)
+    return dataclasses.replace(found, target=target)
 
 
 def _stacked(name: str) -> Found:
@@ -65,7 +66,8 @@ def _stacked(name: str) -> Found:
             f"stack a head on a prompt-tuning method (e.g. 'adaprompt+{head_name}')"
         )
     origin = base.origin if base.origin == head.origin else f"{base.origin} + {head.origin}"
-    return Found(name, stacked_spec(base.name, base.target, head.name, head.target), origin, base.package)
+    spec = stacked_spec(base.name, base.target, head.name, head.target)
+    return Found(name, spec, origin, base.package, parts=(base, head))
 
 
 def methods() -> dict[str, MethodSpec]:
