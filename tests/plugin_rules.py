@@ -150,3 +150,15 @@ def bad_weights(tuned, sent, memory, h_pre, h_post, replied, num_examples, param
     out = fedavg_round(tuned, sent, memory, h_pre, h_post, replied, num_examples)
     return RoundOutput(out.memory, out.personalized, dataclasses.replace(out.diagnostics,
                        peer_weights=out.diagnostics.peer_weights * 0.5))  # fmt: skip
+
+
+_ROUNDS = [0]
+
+
+@rule()
+def fails_in_round_two(tuned, sent, memory, h_pre, h_post, replied, num_examples, params=None):
+    """FedAvg, except that its second call raises (reset ``_ROUNDS`` before a run)."""
+    _ROUNDS[0] += 1
+    if _ROUNDS[0] == 2:
+        raise RuntimeError("a bad day")
+    return fedavg_round(tuned, sent, memory, h_pre, h_post, replied, num_examples)

@@ -398,6 +398,7 @@ class PersonalizedPromptStrategy(Strategy):
             config,
             st.rule_state,
             self.privacy.arrays() if self.privacy is not None else {},
+            dict(self.num_samples),
         )
 
     def restore(self, checkpoint: ServerCheckpoint) -> None:
