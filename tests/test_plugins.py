@@ -350,3 +350,11 @@ def test_the_public_module_gives_a_plugin_everything_and_costs_no_torch():
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
+
+
+def test_extending_md_documents_every_name_the_public_module_gives():
+    import fedrapp_app.plugins as public
+
+    page = (ROOT / "docs" / "extending.md").read_text()
+    missing = [name for name in public.__all__ if f"`{name}`" not in page and f"`{name}(" not in page]
+    assert not missing, f"docs/extending.md does not name {missing}"
