@@ -14,8 +14,8 @@ PARAMS = {
     "domain-oracle": {"groups": (0, 1, 0, 1, 0, 1)},
     "adaprompt": {"threshold": 0.0, "buffer-size": 8},
 }
-#: The rule a method's label check runs under, where it needs its own.
-STRATEGY: dict[str, str] = {}
+#: The rule a method's label check runs under, where it needs its own (Latte's payload then reaches its rule).
+STRATEGY: dict[str, str] = {"latte": "latte"}
 
 
 def _with_params(group: str) -> list:

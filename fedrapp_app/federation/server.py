@@ -105,6 +105,9 @@ def _row(row: ClientRow, report: RoundReport) -> dict[str, Any]:
     )
     out["acc"] = out["correct"] / u.num_examples
     out["acc_before"] = out["correct_before"] / u.num_examples
+    out["upload_bytes"] = u.upload_bytes  # the prompt and any payload the rule read
+    if row.download_bytes is not None:
+        out["download_bytes"] = row.download_bytes  # what it was sent: the prompt, probes and any payload
     for key in OUTCOME_METRICS:
         report_metrics.pop(key, None)
     if row.outcome is not None:

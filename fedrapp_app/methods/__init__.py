@@ -16,6 +16,7 @@ from typing import Any
 from fedrapp_app.methods.params import (
     AdaPromptParams,
     IMParams,
+    LatteParams,
     MethodSpec,
     TDAParams,
     TPTParams,
@@ -47,7 +48,12 @@ def find_method(name: str) -> Found:
                 "with a Params attribute or a MethodSpec (see docs/extending.md)"
             )
         doc = (target.__doc__ or "").strip().splitlines()
-        target = MethodSpec(f"{target.__module__}:{target.__qualname__}", params, doc[0] if doc else "")
+        target = MethodSpec(
+            f"{target.__module__}:{target.__qualname__}",
+            params,
+            doc[0] if doc else "",
+            uploads_payload=bool(getattr(target, "uploads_payload", False)),
+        )
     return dataclasses.replace(found, target=target)
 
 
@@ -115,6 +121,7 @@ _LAZY = {
     "ZeroShotEnsemble": "fedrapp_app.methods.zeroshot",
     "Zero": "fedrapp_app.methods.zero",
     "TDA": "fedrapp_app.methods.tda",
+    "Latte": "fedrapp_app.methods.latte",
     "Stacked": "fedrapp_app.methods.stacked",
 }
 
@@ -134,6 +141,8 @@ __all__ = [
     "ConfidenceBuffer",
     "IMParams",
     "InformationMaximisation",
+    "Latte",
+    "LatteParams",
     "LocalMethod",
     "MethodSpec",
     "TDA",

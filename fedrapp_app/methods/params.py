@@ -37,6 +37,7 @@ class MethodSpec:
     params: type
     summary: str = ""
     head: bool = False  # a training-free prediction step that can sit on a prompt-tuning method ("adaprompt+tda")
+    uploads_payload: bool = False  # it uploads arrays beside its prompt (LocalMethod.payload_template; Latte's)
 
     def load(self) -> Any:
         """The implementing class (imports it, and with it torch)."""
@@ -221,6 +222,42 @@ class TDAParams:
         return max(1, int((1 + self.n_views) * self.keep_ratio))
 
 
+#: How a Latte client makes the class prototypes it uploads (the authors' ``upload_cache``).
+PROTOTYPES = ("exp_weighted", "mean", "min_ent")
+
+
+@dataclass(frozen=True)
+class LatteParams:
+    """Hyperparameters of Latte's client (Bao et al., ICCV 2025; defaults: the authors' ``configs/CIFAR10CFull/
+    latte.yaml``, baowenxuan/Latte: the corruption benchmark nearest the testbed's 32-pixel shifted renders)."""
+
+    init_text: str = "a photo of a"
+    classifier: str = "ensemble"  # the authors' text classifier: the mean of the templates' features (--use_tip)
+    n_views: int = param(0, NON_NEGATIVE, "augmented views per image besides the original (the authors: none)")
+    keep_ratio: float = param(0.1, SHARE, "with views: the confident share whose mean feature stands for the image")
+    augmix: bool = False
+    augmix_severity: float = 1.0
+    image_chunk: int = param(256, AT_LEAST_ONE, "views per image-tower call (memory bound)")
+    local_capacity: int = param(12, AT_LEAST_ONE, "local memory: shots per class (lowest entropy first)")
+    alpha: float = param(1.0, NON_NEGATIVE, "weight of the memory's logits beside CLIP's")
+    beta: float = param(60.0, NON_NEGATIVE, "sharpness of the affinities exp(beta (f.k - 1))")
+    gamma: float = param(1.5, NON_NEGATIVE, "entropy weighting exp(-gamma H) of the memory's entries")
+    prototype: str = "exp_weighted"  # the uploaded class prototype: exp_weighted (the paper's), mean or min_ent
+    prototype_gamma: float = param(1.5, NON_NEGATIVE, "entropy weighting of the entries in an uploaded prototype")
+    use_local: bool = True  # predict with the local memory (the authors' local.enabled)
+    use_external: bool = True  # ... and with the prototypes the server sent (global.enabled)
+    own_prompt: bool = False  # ours: report H_own (= H_pre: no prompt is tuned)
+
+    def __post_init__(self) -> None:
+        _check_views(self.n_views, self.keep_ratio, self.image_chunk, self.classifier)
+        if self.prototype not in PROTOTYPES:
+            raise ValueError(f"prototype must be one of {PROTOTYPES}, got {self.prototype!r}")
+
+    @property
+    def views_kept(self) -> int:
+        return max(1, int((1 + self.n_views) * self.keep_ratio))
+
+
 ZEROSHOT = MethodSpec(
     "fedrapp_app.methods.zeroshot:ZeroShot", ZeroShotParams, "zero-shot CLIP with the dataset's template, no adaptation"
 )
@@ -254,6 +291,14 @@ TDA = MethodSpec(
     TDAParams,
     "TDA (Karmanov et al. 2024): positive and negative caches of test features, training-free",
     head=True,
+)
+
+LATTE = MethodSpec(
+    "fedrapp_app.methods.latte:Latte",
+    LatteParams,
+    "Latte (Bao et al. 2025): a memory of confident test embeddings and the prototypes of similar clients, "
+    "training-free; pair with strategy = 'latte'",
+    uploads_payload=True,
 )
 
 

@@ -169,6 +169,12 @@ class _RuleRun:
         h_post[~replied] = np.nan
         h_pre[replied] = np.nan_to_num(h_pre[replied], nan=2.0)
         h_post[replied] = np.nan_to_num(h_post[replied], nan=1.5)
+        payload = {}
+        example = self.bound.rule.payload_example
+        if self.bound.rule.reads_payload and example is not None:  # what the clients' method uploads beside
+            payload = {k: np.array(v, dtype=np.float32) for k, v in example(self.rng, self.n).items()}
+            for value in payload.values():
+                value[~replied] = np.nan
         return {
             "tuned": tuned,
             "sent": self.sent.copy(),
@@ -178,6 +184,7 @@ class _RuleRun:
             "replied": replied,
             "num_examples": x["num_examples"],
             "own": _own_reports(self.n, replied, self.rng),
+            "payload": payload,
         }
 
     def step(self, inputs: Mapping[str, Any]) -> RoundOutput:
@@ -193,7 +200,9 @@ def call_rule(bound: BoundRule, inputs: Mapping[str, Any], state: Mapping[str, n
     """The bound rule on one round's ``inputs`` (as ``_RuleRun.inputs`` makes them), given copies."""
     arrays = [np.array(inputs[k]) for k in ("tuned", "sent", "memory", "h_pre", "h_post", "replied", "num_examples")]
     own = {k: np.array(v) for k, v in inputs["own"].items()}
-    return bound(*arrays, own=own, state={k: np.array(v) for k, v in (state or {}).items()} or None)
+    payload = {k: np.array(v) for k, v in inputs.get("payload", {}).items()}
+    state = {k: np.array(v) for k, v in (state or {}).items()} or None
+    return bound(*arrays, own=own, state=state, payload=payload)
 
 
 def _same(a: Any, b: Any, where: str) -> None:
@@ -234,6 +243,9 @@ def rule_checks(target: Target, params: Mapping[str, Any] | None = None, *, clie
     def check_params() -> None:
         _check_params(found_rule.params, values, owner)
         assert found_rule.newcomer in NEWCOMER_PROMPTS, f"{owner}: newcomer {found_rule.newcomer!r}"
+        assert not found_rule.reads_payload or found_rule.payload_example is not None, (
+            f"{owner} reads a payload but gives no payload_example(rng, N) for the checks to feed it"
+        )
 
     def check_outputs() -> None:
         run = _RuleRun(bound(), clients, dim, seed)
@@ -264,8 +276,9 @@ def rule_checks(target: Target, params: Mapping[str, Any] | None = None, *, clie
         straight = call_rule(run.bound, inputs, run.state)
         order = np.random.default_rng(seed + 1).permutation(clients)
         shuffled_bound = BoundRule(name, found_rule, _permuted_params(run.bound.params, order))
-        shuffled_inputs = {k: np.asarray(v)[order] for k, v in inputs.items() if k != "own"}
+        shuffled_inputs = {k: np.asarray(v)[order] for k, v in inputs.items() if k not in ("own", "payload")}
         shuffled_inputs["own"] = {k: v[order] for k, v in inputs["own"].items()}
+        shuffled_inputs["payload"] = {k: v[order] for k, v in inputs["payload"].items()}
         shuffled = call_rule(shuffled_bound, shuffled_inputs, {k: v[order] for k, v in run.state.items()})
         scale = max(float(np.nanmax(np.abs(inputs["sent"]))), 1e-6)
         for field in ("memory", "personalized"):
@@ -283,12 +296,14 @@ def rule_checks(target: Target, params: Mapping[str, Any] | None = None, *, clie
     def check_isolated() -> None:
         run = _RuleRun(bound(), clients, dim, seed)
         inputs = run.inputs(absent=[2])
-        kept = {k: np.array(v) for k, v in inputs.items() if k != "own"}
+        kept = {k: np.array(v) for k, v in inputs.items() if k not in ("own", "payload")}
+        kept.update({f"payload[{k!r}]": np.array(v) for k, v in inputs["payload"].items()})
         arrays = [inputs[k] for k in ("tuned", "sent", "memory", "h_pre", "h_post", "replied", "num_examples")]
         state_in = {k: np.array(v) for k, v in run.state.items()}
-        first = run.bound(*arrays, own=inputs["own"], state=state_in or None)
+        first = run.bound(*arrays, own=inputs["own"], state=state_in or None, payload=inputs["payload"])
+        given = {**inputs, **{f"payload[{k!r}]": v for k, v in inputs["payload"].items()}}
         for key, value in kept.items():
-            _same(inputs[key], value, f"{owner} wrote into its input {key!r} (the server's state)")
+            _same(given[key], value, f"{owner} wrote into its input {key!r} (the server's state)")
         returned = {"memory": np.array(first.memory), "personalized": np.array(first.personalized)}
         returned.update({f"state[{k!r}]": np.array(v) for k, v in first.state.items()})
         check_output(first, clients, dim)
@@ -563,7 +578,7 @@ def method_checks(target: Target, params: Mapping[str, Any] | None = None, *, ba
                     assert bool(((value >= 0) & (value <= 1)).all()), f"{where}: {field} outside [0, 1]"
             for key, value in out.stats.items():
                 assert math.isfinite(float(value)), f"{where}: stats[{key!r}] = {value!r} is not a finite number"
-            _check_payload(out, where)
+            _check_payload(method, pclip, out, where)
 
     def check_state() -> None:
         from fedrapp_app.federation.records import arrays_to_record, record_to_arrays
@@ -630,15 +645,22 @@ def torch_randn_like(block: Any, seed: int) -> Any:
     return torch.randn(block.shape, generator=_generator(seed), dtype=torch.float32)
 
 
-def _check_payload(adaptation: Any, where: str) -> None:
-    """A payload (arrays a method uploads beside its prompt) is float32 arrays, finite, by name."""
-    payload = getattr(adaptation, "payload", None)
-    if not payload:
+def _check_payload(method: Any, pclip: Any, adaptation: Any, where: str) -> None:
+    """A payload (arrays a method uploads beside its prompt) comes from a method that says it uploads one, with
+    its template's names and shapes, float32 and finite; the server refuses anything else."""
+    from fedrapp_app.federation.records import payload_shapes
+
+    payload = getattr(adaptation, "payload", None) or {}
+    if not getattr(method, "uploads_payload", False):
+        assert not payload, f"{where}: a payload from a method whose uploads_payload is False (the server drops it)"
         return
+    template = payload_shapes(method.payload_template(pclip))
+    assert template, f"{where}: uploads_payload is True but payload_template is empty"
+    assert sorted(payload) == sorted(template), f"{where}: payload {sorted(payload)}, template {sorted(template)}"
     for key, value in payload.items():
         array = np.asarray(value)
-        assert isinstance(key, str) and key, f"{where}: payload names must be non-empty strings"
         assert array.dtype == np.float32, f"{where}: payload[{key!r}] is {array.dtype}, expected float32"
+        assert tuple(array.shape) == template[key], f"{where}: payload[{key!r}] {array.shape}, template {template[key]}"
         assert np.isfinite(array).all(), f"{where}: payload[{key!r}] is not finite"
 
 
