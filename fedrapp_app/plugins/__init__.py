@@ -22,6 +22,7 @@ from fedrapp_app.aggregation import find_rule, make_params, make_rule, rules
 from fedrapp_app.aggregation.common import (
     GLOBAL_PROBE,
     NEWCOMER_PROMPTS,
+    PAYLOAD_PREFIX,
     PROBE,
     PROBES,
     Diagnostics,
@@ -139,6 +140,7 @@ __all__ = [
     # a server rule
     "GLOBAL_PROBE",
     "NEWCOMER_PROMPTS",
+    "PAYLOAD_PREFIX",
     "PROBE",
     "PROBES",
     "Diagnostics",

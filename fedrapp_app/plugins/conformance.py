@@ -14,8 +14,9 @@ points register, and on the two examples (tests/test_conformance.py), so the bui
 drift apart.
 
 The rule checks are numpy only (milliseconds): parameters, outputs (shapes, dtypes, finite values, peer weights),
-client-order invariance, isolation (no write into the inputs or into earlier outputs), a newcomer, state round
-trip and resume (stateful rules), determinism. The method checks run the method on a tiny random CLIP (seconds):
+client-order invariance, isolation (no write into the inputs or into earlier outputs; a raise inside the
+strategy's own rule application fails the round with the server state untouched), a newcomer, state round trip
+and resume (stateful rules), determinism. The method checks run the method on a tiny random CLIP (seconds):
 parameters, the initial prompt, what ``adapt`` returns (shapes, finite values, predictions among the classes,
 confidences in [0, 1]), state round trip, determinism under a seed, and (``slow``) a two-client federation run
 twice with the labels of every stream permuted: no upload, payload or client state may change.
@@ -205,6 +206,42 @@ def call_rule(bound: BoundRule, inputs: Mapping[str, Any], state: Mapping[str, n
     return bound(*arrays, own=own, state=state, payload=payload)
 
 
+def _raise_isolated(run: _RuleRun, name: str, found_rule: Rule, owner: str) -> None:
+    """Through the strategy's own rule application: the rule runs on a round, then raises; the round must fail
+    as a rule failure (``RuleFailed``) with the server's memories, prompts and rule state as they were."""
+    from fedrapp_app.federation.records import Upload
+    from fedrapp_app.federation.strategy import PersonalizedPromptStrategy, RuleFailed, ServerState
+
+    def then_raise(*args: Any, **kwargs: Any) -> RoundOutput:
+        found_rule.round(*args, **kwargs)
+        raise RuntimeError("raised after the rule ran")
+
+    strategy = PersonalizedPromptStrategy("none-fed", {}, num_clients=run.n)
+    strategy.rule = BoundRule(name, dataclasses.replace(found_rule, round=then_raise), run.bound.params)
+    strategy.state = ServerState.initial(run.p0, run.n, 0)
+    strategy.state.memory, strategy.state.sent = run.memory.copy(), run.sent.copy()
+    strategy.state.rule_state = {k: np.array(v) for k, v in run.state.items()}
+    inputs = run.inputs(absent=[0])
+    strategy.payload = {k: tuple(v.shape[1:]) for k, v in inputs["payload"].items()}
+    uploads = [
+        Upload(int(i), inputs["tuned"][i], float(inputs["h_pre"][i]), float(inputs["h_post"][i]),
+               int(inputs["num_examples"][i]), {}, payload={k: v[i] for k, v in inputs["payload"].items()} or None)
+        for i in np.flatnonzero(inputs["replied"])
+    ]  # fmt: skip
+    before = (strategy.state.memory.copy(), strategy.state.sent.copy(), dict(strategy.state.rule_state))
+    try:
+        strategy._apply_rule(uploads)
+    except RuleFailed:
+        pass
+    else:
+        raise AssertionError(f"{owner}: a rule that raised did not fail its round")
+    _same(strategy.state.memory, before[0], f"{owner}: a failed round changed the server's memories")
+    _same(strategy.state.sent, before[1], f"{owner}: a failed round changed the prompts the server sends")
+    assert sorted(strategy.state.rule_state) == sorted(before[2]), f"{owner}: a failed round changed the rule state"
+    for key, value in before[2].items():
+        _same(strategy.state.rule_state[key], value, f"{owner}: a failed round changed state[{key!r}]")
+
+
 def _same(a: Any, b: Any, where: str) -> None:
     a, b = np.asarray(a), np.asarray(b)
     assert a.shape == b.shape and a.dtype == b.dtype, f"{where}: {a.dtype}{a.shape} vs {b.dtype}{b.shape}"
@@ -314,6 +351,7 @@ def rule_checks(target: Target, params: Mapping[str, Any] | None = None, *, clie
         later.update({f"state[{k!r}]": v for k, v in first.state.items()})
         for key, value in returned.items():
             _same(later[key], value, f"{owner} changed its earlier output {key} in a later round (the server keeps it)")
+        _raise_isolated(run, name, found_rule, owner)
 
     def check_newcomer() -> None:
         run = _RuleRun(bound(), clients, dim, seed)
