@@ -3,6 +3,7 @@ a hand-written twin of the example plugin, rules that fail in the ways a plugin 
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import numpy as np
@@ -88,3 +89,76 @@ def counting(tuned, sent, memory, h_pre, h_post, replied, num_examples, params=C
     mean = x.tuned[x.replied].mean(axis=0) if x.replied.any() else np.zeros(x.tuned.shape[1])
     mixed = own * x.tuned + (1.0 - own) * mean
     return RoundOutput(out.memory, keep_rows(mixed, x.sent32, ~x.replied), out.diagnostics, {"count": count})
+
+
+# ----- rules that break the contract in one way each (tests/test_conformance.py: the kit must say which)
+@rule()
+def order_dependent(tuned, sent, memory, h_pre, h_post, replied, num_examples, params=None):
+    """Every client gets the first replying client's upload: the row order of the clients matters."""
+    x = validate_round(tuned, sent, memory, h_pre, h_post, replied, num_examples)
+    first = x.tuned[np.flatnonzero(x.replied)[0]]
+    mixed = np.broadcast_to(first, x.tuned.shape)
+    return RoundOutput(keep_rows(mixed, x.memory32, ~x.replied), keep_rows(mixed, x.sent32, ~x.replied),
+                       mixing_diagnostics(x, np.zeros(x.replied.shape[0]), None))  # fmt: skip
+
+
+@rule()
+def writes_its_inputs(tuned, sent, memory, h_pre, h_post, replied, num_examples, params=None):
+    """FedAvg that scribbles on the server's memory it was given."""
+    out = fedavg_round(tuned, sent, memory, h_pre, h_post, replied, num_examples)
+    np.asarray(memory)[:] = 0.0
+    return out
+
+
+_KEPT: list[np.ndarray] = []
+
+
+@rule()
+def changes_what_it_returned(tuned, sent, memory, h_pre, h_post, replied, num_examples, params=None):
+    """none-fed that keeps its returned memory and zeroes it at its next call (the server stores that array)."""
+    for earlier in _KEPT:
+        earlier[:] = 0.0
+    out = none_fed_round(tuned, sent, memory, h_pre, h_post, replied, num_examples)
+    _KEPT.append(out.memory)
+    return out
+
+
+_CALLS = [0]
+
+
+@rule(params=CountingParams, stateful=True)
+def counts_outside_its_state(tuned, sent, memory, h_pre, h_post, replied, num_examples, params=CountingParams(), *,
+                             state=None, **_):  # fmt: skip
+    """``counting`` that keeps its count in a global, not in its state: a resumed run cannot get it back."""
+    _CALLS[0] += 1
+    x = validate_round(tuned, sent, memory, h_pre, h_post, replied, num_examples)
+    out = none_fed_round(tuned, sent, memory, h_pre, h_post, replied, num_examples)
+    shrink = params.shrink ** _CALLS[0]
+    mean = x.tuned[x.replied].mean(axis=0)
+    mixed = shrink * x.tuned + (1.0 - shrink) * mean
+    return RoundOutput(out.memory, keep_rows(mixed, x.sent32, ~x.replied), out.diagnostics, {"seen": x.replied * 1.0})
+
+
+@dataclass(frozen=True)
+class UncheckedParams:
+    weight: float = param(0.5, UNIT, "declared in [0, 1]")
+
+
+@rule(params=UncheckedParams)
+def bad_weights(tuned, sent, memory, h_pre, h_post, replied, num_examples, params=UncheckedParams()):
+    """Peer weights that do not sum to one."""
+    out = fedavg_round(tuned, sent, memory, h_pre, h_post, replied, num_examples)
+    return RoundOutput(out.memory, out.personalized, dataclasses.replace(out.diagnostics,
+                       peer_weights=out.diagnostics.peer_weights * 0.5))  # fmt: skip
+
+
+_ROUNDS = [0]
+
+
+@rule()
+def fails_in_round_two(tuned, sent, memory, h_pre, h_post, replied, num_examples, params=None):
+    """FedAvg, except that its second call raises (reset ``_ROUNDS`` before a run)."""
+    _ROUNDS[0] += 1
+    if _ROUNDS[0] == 2:
+        raise RuntimeError("a bad day")
+    return fedavg_round(tuned, sent, memory, h_pre, h_post, replied, num_examples)

@@ -126,7 +126,8 @@ def test_every_built_in_rule_is_registered_with_its_params_and_every_ablation_is
         assert isinstance(make_params(name, overrides), rule.params)
         assert make_rule(name, overrides).origin.startswith("fedrapp ")  # this package's entry point
     assert [name for name, rule in RULES.items() if rule.reference] == ["domain-oracle"]
-    assert [name for name, rule in RULES.items() if rule.stateful] == ["fedrapp-trust"]
+    assert sorted(name for name, rule in RULES.items() if rule.stateful) == ["fedrapp-trust", "latte"]
+    assert [name for name, rule in RULES.items() if rule.reads_payload] == ["latte"]
     for overrides in ABLATIONS.values():
         make_params("fedrapp", overrides)
 

@@ -132,3 +132,23 @@ def test_training_free_cost_script_times_every_method(tmp_path):
     assert list(result["results"]) == [name for name, _, _ in training_free_cost.METHODS]
     assert all(cost["per_image"] > 0 for cost in result["results"].values())
     assert result["results"]["zero"]["images"] == 1 and result["results"]["tda"]["images"] == 4
+
+
+def test_upload_sizes_averages_each_method_and_rules_ok_rows(tmp_path):
+    import upload_sizes
+
+    cells = []
+    for name, (method, rule, rows) in {
+        "a": ("latte", "latte", [(100, 500, "ok"), (300, 700, "ok"), (999, 999, "failed")]),
+        "b": ("adaprompt", "none-fed", [(50, 50, "ok"), (70, 70, "dropped")]),
+    }.items():
+        run = tmp_path / name
+        run.mkdir()
+        lines = [{"status": s, "upload_bytes": u, "download_bytes": d} for u, d, s in rows]
+        (run / "rounds.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
+        labels = {"method": method, "rule": rule}
+        cells.append({"status": "ok", "run_dir": str(run), "grids": {"g": {"labels": labels}}})
+    (tmp_path / "cells.jsonl").write_text("".join(json.dumps(c) + "\n" for c in cells))
+    sizes = upload_sizes.sizes(tmp_path)
+    assert sizes[("latte", "latte")] == {"upload": 200.0, "download": 600.0, "rows": 2}
+    assert sizes[("adaprompt", "none-fed")] == {"upload": 50.0, "download": 50.0, "rows": 1}

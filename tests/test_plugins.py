@@ -52,11 +52,12 @@ def test_the_example_plugins_are_installed_and_found_through_their_entry_points(
 def test_the_listing_shows_the_plugins_with_their_parameters_and_origin(capsys):
     assert list_main([]) == 0
     text = capsys.readouterr().out
-    assert "  mean-mix: mean-mix: each client gets (1 - weight)" in text
+    assert "  mean-mix: each client gets (1 - weight)" in text and "mean-mix: mean-mix" not in text
     assert "from fedrapp-mean-mix 0.1.0 (entry point mean-mix = fedrapp_mean_mix:mean_mix)" in text
-    assert "weight = 0.5  [rule-params='weight=...']  share of the mean of all uploads" in text
-    assert "share = 0.5  [method-params='share=...']" in text
-    assert 'lambda-drop = 1.0  [-c "lambda-drop=..."]' in text  # a built-in's own key
+    assert "weight = 0.5 in [0, 1]  [rule-params='weight=...']  share of the mean of all uploads" in text
+    assert "share = 0.5 in (0, 1]  [method-params='share=...']" in text
+    assert 'lambda-drop = 1.0 in [0, inf)  [-c "lambda-drop=..."]' in text  # a built-in's own key
+    assert 'lr = 0.005 in (0, inf)  [-c "adaprompt-lr=..."]' in text  # a built-in method's range
     assert (
         "fedrapp-trust: FedRAPP with its trust option" in text and "selected by strategy='fedrapp' trust=true" in text
     )
@@ -83,7 +84,7 @@ def test_the_plugin_method_runs_the_same_by_entry_point_and_as_module_class(test
     base = small_run(testbed_tiny, tmp_path, **{"num-rounds": 3, "method-params": "share=0.25"})
     plugin, _, _ = run_federation({**base, "local-method": "confident-half", "run-name": "plugin"})
     direct, _, _ = run_federation(
-        {**base, "local-method": "fedrapp_confident_half:ConfidentHalf", "run-name": "direct"}
+        {**base, "local-method": "fedrapp_confident_half.method:ConfidentHalf", "run-name": "direct"}
     )
     rows = comparable_rows(read_rows(plugin["run_dir"]))
     assert rows == comparable_rows(read_rows(direct["run_dir"]))
@@ -117,7 +118,7 @@ def test_the_plugin_methods_step_minimises_the_entropy_of_the_most_confident_sha
     [
         ("strategy='mean-mix' rule-params='weight=1.5'", "weight = 1.5 is outside its allowed range [0, 1]"),
         ("strategy='mean-mix' rule-params='wieght=0.3'", "unknown parameter 'wieght' for server rule 'mean-mix'"),
-        ("local-method='confident-half' method-params='share=0'", "share must be in (0, 1]"),
+        ("local-method='confident-half' method-params='share=0'", "share = 0.0 is outside its allowed range (0, 1]"),
         ("local-method='confident-half' method-params='share=x'", "parameter 'share' expects a float, got 'x'"),
         ("local-method='confident-half' trust=true", "cannot score its own last tuned prompt"),
         ("strategy='plugin_rulez:raises'", "cannot import module 'plugin_rulez'"),
@@ -177,6 +178,57 @@ def test_a_plugin_rule_that_fails_fails_its_round_by_name_and_leaves_the_state_a
     )
     summary = json.loads((Path(tmp_path) / "run" / "summary.json").read_text())
     assert summary["status"] == "failed" and "the server rule failed in 3 rounds in a row" in summary["error"]
+    assert summary["rule_failures"]["count"] == 3 and summary["rule_failures"]["rounds"] == [1, 2, 3]
+    # a failed run is incomplete, and says per client what was never scored and why (docs/failures.md)
+    assert summary["complete"] is False and sorted(summary["unscored"]) == ["0", "1", "2"]
+    assert all(u["samples"] > 0 and "the run failed" in u["reasons"][-1] for u in summary["unscored"].values())
+
+
+def test_a_round_whose_rule_failed_shows_in_the_summary_the_progress_line_the_report_and_the_exit_status(
+    testbed_tiny, tmp_path, caplog
+):
+    import logging
+
+    import plugin_rules
+
+    from fedrapp_app.running.launch import RULE_FAILED, report
+
+    plugin_rules._ROUNDS[0] = 0
+    config = small_run(testbed_tiny, tmp_path, **{"strategy": "plugin_rules:fails_in_round_two", "num-rounds": 3})
+    with caplog.at_level(logging.INFO, logger="flwr.fedrapp"):
+        summary, _, _ = run_federation(config)
+    assert summary["status"] == "finished" and summary["complete"] is True
+    assert summary["rule_failures"]["count"] == 1 and summary["rule_failures"]["rounds"] == [2]
+    assert "RuntimeError: a bad day" in summary["rule_failures"]["last_error"]
+    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("round 2 |")]
+    assert lines and "3 of 3 ok" in lines[0] and "RULE FAILED (state unchanged; 1 round(s) so far)" in lines[0]
+    run_dir = Path(summary["run_dir"])
+    assert report({"status": "finished:completed"}, run_dir, run_dir / "log") == RULE_FAILED == 3
+    assert "The server rule failed in 1 round(s)** (2)" in (run_dir / "report" / "report.md").read_text()
+
+
+def test_where_the_rule_and_the_method_come_from_is_in_config_summary_and_report(testbed_tiny, tmp_path):
+    """An entry point: the distribution, its version and the entry point; module:attribute: the file and its
+    SHA-256; the same in config.json and summary.json, and in words in the report."""
+    import hashlib
+
+    import plugin_rules
+
+    config = small_run(testbed_tiny, tmp_path, **{"num-rounds": 1, "strategy": "plugin_rules:mean_mix_by_hand",
+                                                  "local-method": "confident-half"})  # fmt: skip
+    summary, _, _ = run_federation(config)
+    run_dir = Path(summary["run_dir"])
+    stored = json.loads((run_dir / "config.json").read_text())["components"]
+    assert stored == summary["components"]
+    method, rule = stored["method"], stored["rule"]
+    assert method == {"name": "confident-half", "distribution": "fedrapp-confident-half", "version": "0.1.0",
+                      "entry_point": "confident-half = fedrapp_confident_half:CONFIDENT_HALF"}  # fmt: skip
+    assert rule["file"] == plugin_rules.__file__
+    assert rule["sha256"] == hashlib.sha256(Path(plugin_rules.__file__).read_bytes()).hexdigest()
+    write_report([run_dir])
+    page = (run_dir / "report" / "report.md").read_text()
+    assert "Local method: `confident-half` from fedrapp-confident-half 0.1.0" in page
+    assert f"Server rule: `plugin_rules:mean_mix_by_hand` from the file `{plugin_rules.__file__}`" in page
 
 
 def test_a_resumed_run_of_a_stateful_plugin_rule_gives_the_same_rows(testbed_tiny, tmp_path):
@@ -254,6 +306,9 @@ def test_a_plugin_is_a_bench_cell_beside_the_built_ins(testbed_tiny, tmp_path):
     rows = {r["config"]["strategy"]: r for r in read_bench_rows(runner.bench_dir)}
     assert set(rows) == {"fedavg", "mean-mix"}
     assert all(r["summary"]["samples"] == 2 * 3 * 16 for r in rows.values())
+    assert rows["mean-mix"]["components"]["rule"]["distribution"] == "fedrapp-mean-mix"
+    assert rows["fedavg"]["components"]["method"]["distribution"] == "fedrapp-confident-half"
+    assert all(r["summary"]["rule_failures"] == 0 for r in rows.values())
     alone, _, _ = run_federation(
         {
             **base,
@@ -277,3 +332,29 @@ def test_this_projects_own_names_are_its_pyproject_entry_points():
     points = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["entry-points"]
     assert sorted(points["fedrapp.rules"]) == sorted((*builtins.RULES, *builtins.OPTIONS))
     assert sorted(points["fedrapp.methods"]) == sorted(builtins.METHODS)
+
+
+def test_the_public_module_gives_a_plugin_everything_and_costs_no_torch():
+    """fedrapp_app.plugins: every name it lists resolves; a rule's names and a method's parameters (the example's
+    MethodSpec, checked as a run's pre-start checks do) import no torch; the torch-backed names load on use."""
+    code = (
+        "import sys\n"
+        "import fedrapp_app.plugins as p\n"
+        "from fedrapp_app.plugins import Diagnostics, Interval, MethodSpec, RoundOutput, RuleParams, param, rule\n"
+        "from fedrapp_app.plugins import validate_round\n"
+        "p.method_params('confident-half', {'share': 0.3}); p.make_params('mean-mix', {'weight': 0.2})\n"
+        "assert 'torch' not in sys.modules, 'torch was imported'\n"
+        "missing = [n for n in p.__all__ if getattr(p, n, None) is None]\n"
+        "assert not missing, missing\n"
+        "assert 'torch' in sys.modules and p.LocalMethod.__module__ == 'fedrapp_app.methods.base'\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+
+
+def test_extending_md_documents_every_name_the_public_module_gives():
+    import fedrapp_app.plugins as public
+
+    page = (ROOT / "docs" / "extending.md").read_text()
+    missing = [name for name in public.__all__ if f"`{name}`" not in page and f"`{name}(" not in page]
+    assert not missing, f"docs/extending.md does not name {missing}"

@@ -23,8 +23,10 @@ from fedrapp_app.recording.results import SITTING_OUT
 GOLDEN = Path(__file__).parent / "data" / "trust_golden.json"
 #: What the clients no longer report: the neighbour votes of the probe, which only unchosen variants read.
 DROPPED = ("v_probe", "v_own_probe")
-#: What rows report since the record was made (issue 26: calibration and shift domains), for the results only.
-ADDED = ("calibration", "calibration_before", "ece", "ece_before", "domains", "domain")
+#: What rows report since the record was made (issue 26: calibration and shift domains; issue 35: the bytes each
+#: client uploaded and was sent), for the results only.
+ADDED = ("calibration", "calibration_before", "ece", "ece_before", "domains", "domain", "upload_bytes",
+         "download_bytes")  # fmt: skip
 #: Fields that are decisions or counts, compared exactly even where floats may differ in their last bits.
 EXACT = ("round", "client", "status", "num_examples", "correct", "correct_before", "trust_memory", "trust_peers")
 

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from fedrapp_app.aggregation import UNIT, RuleParams, param, peer_mixing_round, rule, validate_round
+from fedrapp_app.plugins import UNIT, RuleParams, param, peer_mixing_round, rule, validate_round
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,7 @@ their parameters from config.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from numpy.typing import ArrayLike
@@ -26,6 +26,7 @@ from fedrapp_app.aggregation.baselines import (
 )
 from fedrapp_app.aggregation.common import (
     NON_NEGATIVE,
+    PAYLOAD_PREFIX,
     POSITIVE,
     UNIT,
     Diagnostics,
@@ -45,6 +46,7 @@ from fedrapp_app.aggregation.common import (
     validate_round,
 )
 from fedrapp_app.aggregation.fedrapp import ABLATIONS, FedRAPPParams, fedrapp_round
+from fedrapp_app.aggregation.latte import LatteRuleParams, latte_round
 from fedrapp_app.aggregation.oracle import DomainOracleParams, domain_oracle_round
 from fedrapp_app.aggregation.robust import (
     FedMedianParams,
@@ -62,6 +64,7 @@ from fedrapp_app.registry.parameters import build_params
 __all__ = [
     "ABLATIONS",
     "NON_NEGATIVE",
+    "PAYLOAD_PREFIX",
     "POSITIVE",
     "UNIT",
     "Interval",
@@ -76,6 +79,7 @@ __all__ = [
     "FedRAPPParams",
     "FedTrimmedAvgParams",
     "KrumParams",
+    "LatteRuleParams",
     "NoParams",
     "NoneFedParams",
     "RoundInputs",
@@ -94,6 +98,7 @@ __all__ = [
     "fedtrimmedavg_round",
     "find_rule",
     "krum_round",
+    "latte_round",
     "make_params",
     "make_rule",
     "none_fed_round",
@@ -121,7 +126,7 @@ def find_rule(name: str) -> Found:
                 "function (see docs/extending.md)"
             )
         target = Rule(target, summary=(target.__doc__ or "").strip().split("\n")[0])
-    return Found(found.name, target, found.origin, found.package)
+    return replace(found, target=target)
 
 
 def rules() -> dict[str, Rule]:
@@ -160,14 +165,16 @@ class BoundRule:
         *,
         own: Mapping[str, ArrayLike] | None = None,
         state: Mapping[str, ArrayLike] | None = None,
+        payload: Mapping[str, ArrayLike] | None = None,
     ) -> RoundOutput:
         """The rule on one round; ``own`` (``trust.OwnPromptReports``'s fields [N], NaN where not reported) and
-        ``state`` reach only a stateful rule."""
+        ``state`` reach only a stateful rule, ``payload`` (the arrays uploaded beside the prompts, [N, ...] by
+        name) only a rule that reads it."""
+        extra: dict[str, Any] = {"payload": dict(payload or {})} if self.rule.reads_payload else {}
         if self.rule.stateful:
-            return self.rule(
-                tuned, sent, memory, h_pre, h_post, replied, num_examples, self.params, **(own or {}), state=state
-            )
-        return self.rule(tuned, sent, memory, h_pre, h_post, replied, num_examples, self.params)
+            extra.update(own or {})
+            extra["state"] = state
+        return self.rule(tuned, sent, memory, h_pre, h_post, replied, num_examples, self.params, **extra)
 
     def summary(self) -> dict[str, Any]:
         """The rule's name and every hyperparameter, for the run log."""

@@ -19,6 +19,9 @@ from typing import Any, Protocol
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
+# Ranges and documented fields live in the registry (rules and methods share them); re-exported here.
+from fedrapp_app.registry.parameters import NON_NEGATIVE, POSITIVE, UNIT, Interval, param  # noqa: F401
+
 #: A statistic counts as having zero spread when its population std is at most this fraction of its
 #: largest magnitude. Identical float32 uploads can give a float64 mean that is off by an ulp, and dividing
 #: that rounding noise by an equally tiny std would turn "all equal" into z-scores of ±1. Distinct float32
@@ -75,6 +78,10 @@ NEWCOMER_PROMPTS = ("sent", "memory-mean")
 #: probes): the paper's prompt, and the federation's mean (the trust option's third candidate).
 PROBE, GLOBAL_PROBE = "probe", "probe-global"
 PROBES = (PROBE, GLOBAL_PROBE)
+#: ``RoundOutput.state`` entries named ``payload.NAME`` [N, ...] float32 are sent too: row i to client i, as array
+#: ``NAME`` of the train message's ``"payload"`` ArrayRecord, which its method receives (``LocalMethod.receive``)
+#: before it adapts. What a rule sends a client besides a prompt (Latte: the prototypes of its most similar peers).
+PAYLOAD_PREFIX = "payload."
 
 
 @dataclass(frozen=True)
@@ -146,6 +153,11 @@ class Rule:
         as its ``groups`` parameter); tables mark it as a reference.
     selected_by : where the run config selects it otherwise than by ``strategy`` (refused there).
     summary : one line for ``fedrapp-list``.
+    reads_payload : it reads the arrays the clients' method uploads beside its prompt (``payload=``, a dict of
+        [N, ...] float32 arrays by name, rows of clients that did not reply NaN); the run config then needs a
+        method that uploads them (``MethodSpec.payload``).
+    payload_example : for a rule that reads a payload, ``fn(rng, N) -> {name: [N, ...] float32}``: plausible
+        payloads of N clients, which the conformance kit feeds it.
     newcomer : what a client the federation has never seen (a late joiner, a held-out client; ``population.py``)
         is sent first: ``"sent"``, the rule's row for it (what an absent client is sent: P0 for a personalising
         rule, the global prompt for a global one), or ``"memory-mean"``, the mean of the participants'
@@ -160,6 +172,8 @@ class Rule:
     selected_by: str = ""
     summary: str = ""
     newcomer: str = "sent"
+    reads_payload: bool = False
+    payload_example: Callable[[np.random.Generator, int], dict[str, NDArray[np.float32]]] | None = None
 
     def __post_init__(self) -> None:
         if self.newcomer not in NEWCOMER_PROMPTS:
@@ -177,48 +191,26 @@ def rule(
     reads_own_prompt: bool = False,
     summary: str = "",
     newcomer: str = "sent",
+    reads_payload: bool = False,
+    payload_example: Callable[[np.random.Generator, int], dict[str, NDArray[np.float32]]] | None = None,
 ) -> Callable[[Callable[..., RoundOutput]], Rule]:
     """Decorator: ``@rule(params=MyParams)`` above a round function makes it a :class:`Rule` (the form a plugin's
-    entry point or a ``module:function`` reference names); ``newcomer``: see :class:`Rule`."""
+    entry point or a ``module:function`` reference names); ``newcomer``, ``reads_payload``, ``payload_example``:
+    see :class:`Rule`."""
 
     def wrap(function: Callable[..., RoundOutput]) -> Rule:
         doc = (function.__doc__ or "").strip().splitlines()
         first = doc[0] if doc else ""
         summary_line = summary or first
-        return Rule(function, params or NoParams, stateful, reads_own_prompt, summary=summary_line, newcomer=newcomer)
+        return Rule(
+            function, params or NoParams, stateful, reads_own_prompt, summary=summary_line, newcomer=newcomer,
+            reads_payload=reads_payload, payload_example=payload_example,
+        )  # fmt: skip
 
     return wrap
 
 
 # -------------------------------------------------------------------------------------------- parameters
-@dataclass(frozen=True)
-class Interval:
-    """A range of allowed parameter values, printed the mathematical way (``[0, 1]``, ``(0, inf)``)."""
-
-    low: float
-    high: float
-    low_open: bool = False
-    high_open: bool = False
-
-    def __contains__(self, value: float) -> bool:
-        above = value > self.low if self.low_open else value >= self.low
-        below = value < self.high if self.high_open else value <= self.high
-        return above and below  # False for NaN
-
-    def __str__(self) -> str:
-        return f"{'(' if self.low_open else '['}{self.low:g}, {self.high:g}{')' if self.high_open else ']'}"
-
-
-UNIT = Interval(0.0, 1.0)
-NON_NEGATIVE = Interval(0.0, math.inf, high_open=True)
-POSITIVE = Interval(0.0, math.inf, low_open=True, high_open=True)
-
-
-def param(default: float, allowed: Interval, help: str) -> Any:
-    """A float hyperparameter field with its allowed range and a one-line meaning (for docs and errors)."""
-    return field(default=default, metadata={"allowed": allowed, "help": help})
-
-
 class RuleParams:
     """Base of the frozen hyperparameter dataclasses: coerces every field to float and checks its range."""
 

@@ -4,7 +4,9 @@ A row holds everything the reports need, so they never reopen a run folder: the 
 identity key, its labels in every grid, the run's summary numbers, per-round curves over all clients and
 per-client curves (accuracy, reliability r, memory rate mu, peer share gamma, the share of the peer weight
 that falls on clients of the same shift domain; with report-own-prompt also the own prompt's entropy and
-accuracy, and FedRAPP's trusts), and where the cell ran (``host``, ``ray_node``, ``cuda_visible_devices``). The
+accuracy, and FedRAPP's trusts), where the cell ran (``host``, ``ray_node``, ``cuda_visible_devices``), where its
+rule and method came from (``components``: distribution and version, or a module's file and hash) and how many
+rounds its rule failed in (``summary.rule_failures``). The
 file is rewritten through a rename after each cell, so an interrupted grid leaves only whole rows behind.
 
 A cell that failed has a row too, with ``"status": "failed"``, the reason in one line (``error``) and, where known,
@@ -264,7 +266,9 @@ def make_row(
             "ece": summary.get("ece"),
             "ece_before": summary.get("ece_before"),
             "per_domain_accuracy": summary.get("per_domain_accuracy"),
+            "rule_failures": (summary.get("rule_failures") or {}).get("count", 0),
         },
+        "components": summary.get("components"),
         "seconds": round(seconds, 3),
         "finished": time.strftime("%Y-%m-%dT%H:%M:%S"),
         "run_dir": summary.get("run_dir"),

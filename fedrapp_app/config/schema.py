@@ -71,11 +71,11 @@ def _plugin_problems(v: Mapping[str, Scalar], with_rule: bool = True) -> list[st
     parameters it gives them."""
     from fedrapp_app.registry.entry_points import PluginError
 
-    problems, own_prompt = [], False
+    problems, own_prompt, reads_payload = [], False, False
     if with_rule:
         try:
             found = resolve_rule(v)
-            own_prompt = found.reads_own_prompt
+            own_prompt, reads_payload = found.reads_own_prompt, found.reads_payload
             if found.selected_by and v["strategy"] == rule_name(v):
                 problems.append(problem("strategy", v["strategy"], f"is selected by {found.selected_by}, not by name"))
             else:
@@ -88,7 +88,30 @@ def _plugin_problems(v: Mapping[str, Scalar], with_rule: bool = True) -> list[st
     except (PluginError, ValueError, TypeError) as err:
         key = "method-params" if v["method-params"] and not isinstance(err, PluginError) else "local-method"
         problems.append(_plugin_problem(key, v[key], err))
+        return problems
+    problems.extend(_payload_problems(v, reads_payload))
     return problems
+
+
+def _payload_problems(v: Mapping[str, Scalar], reads_payload: bool) -> list[str]:
+    """A rule that reads the arrays a method uploads beside its prompt needs a method that uploads them; dp
+    protects the prompt and the scalars, not such arrays."""
+    from fedrapp_app.methods import find_method
+
+    method = v["local-method"]
+    uploads = find_method(str(method)).target.uploads_payload
+    if reads_payload and not uploads:
+        return [
+            f"  local-method = {method!r}: uploads no payload, which strategy = {v['strategy']!r} reads (the arrays "
+            f"a method uploads beside its prompt; fix: a method that uploads them, e.g. "
+            f"{override_hint('local-method', v['strategy'])})"
+        ]
+    if uploads and v["dp"]:
+        return [
+            f"  local-method = {method!r}: uploads a payload beside its prompt, which dp = true does not protect (it "
+            f"releases the prompt and the scalars noised; fix: {override_hint('dp', False)} or another method)"
+        ]
+    return []
 
 
 def _plugin_problem(key: str, value: Any, err: Exception) -> str:

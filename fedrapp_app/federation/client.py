@@ -39,6 +39,7 @@ from fedrapp_app.federation.records import (
     INFO,
     METRICS,
     NOTES,
+    PAYLOAD,
     PROBE_METRICS,
     PROBES,
     PROMPT,
@@ -282,7 +283,9 @@ app = ClientApp()
 def query(msg: Message, context: Context) -> Message:
     """Discovery: report the client id, the stream's size and position, and the initial prompt P0."""
     client = setup(context, msg.content.get(CONFIG, {}))
-    p0 = client.method(None).initial_prompt(client.prompted())
+    method = client.method(None)
+    p0 = method.initial_prompt(client.prompted())
+    template = method.payload_template(client.prompted())  # what it uploads beside the prompt (none: {})
     info = ConfigRecord(
         {
             "client-id": client.client_id,
@@ -291,10 +294,10 @@ def query(msg: Message, context: Context) -> Message:
             "num-samples": client.stream.num_samples,
         }
     )
-    return Message(
-        RecordDict({INFO: info, PROMPT: prompt_to_record([b.detach().cpu() for b in p0])}),
-        reply_to=msg,
-    )
+    records = {INFO: info, PROMPT: prompt_to_record([b.detach().cpu() for b in p0])}
+    if template:
+        records[PAYLOAD] = arrays_to_record({k: np.asarray(v, dtype=np.float32) for k, v in template.items()})
+    return Message(RecordDict(records), reply_to=msg)
 
 
 @app.train()
@@ -351,6 +354,8 @@ def train(msg: Message, context: Context) -> Message:
     probes = {name: record_to_prompt(msg.content.array_records[name]) for name in PROBES if name in msg.content}
     if probes:  # prompts to score beside (FedRAPP's trust probes)
         method.set_probes(probes)
+    if PAYLOAD in msg.content.array_records:  # arrays the rule sent beside the prompt (Latte: peers' prototypes)
+        method.receive(record_to_arrays(msg.content.array_records[PAYLOAD]))
     seed = int(client.config["seed"])
     result = method.adapt(pclip, prompt, pixel_values, step_generator(seed, client.client_id, position))
     t_adapt = time.perf_counter()
@@ -408,7 +413,10 @@ def train(msg: Message, context: Context) -> Message:
         state = {**state, **private.state}
     _advance(context, client, round_config, position, state)
     metrics["t-total"] = time.perf_counter() - t_start
-    return Message(_reply(prompt_to_record(upload), metrics, notes), reply_to=msg)
+    reply = _reply(prompt_to_record(upload), metrics, notes)
+    if result.payload:  # arrays uploaded beside the prompt, as float32 (the server validates them)
+        reply[PAYLOAD] = arrays_to_record({k: np.asarray(v, dtype=np.float32) for k, v in result.payload.items()})
+    return Message(reply, reply_to=msg)
 
 
 def _advance(

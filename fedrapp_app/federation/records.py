@@ -11,6 +11,15 @@ disagree, which FedRAPP's trust option reads; with its probe, ``h-probe`` and ``
 probe the server sent beside the prompt) and reporting values that only the
 results recorder reads (accuracy counts, timings). A train message holds ``"prompt"`` and ``"config"`` and, when the
 server rule asks a client to score a second prompt (FedRAPP's probe), ``"probe"`` (an ArrayRecord like the prompt).
+
+**Payloads: arrays other than a prompt.** A method may upload arrays beside its prompt (Latte: class prototypes
+[C, E] and their entropies [C]) and a rule may send each client arrays beside its prompt (Latte: its peers'
+prototypes). Both travel as an ArrayRecord ``"payload"`` of float32 arrays by name: in the query reply (the
+method's ``payload_template``, whose names and shapes the server then holds every client to), in a train reply
+(the method's ``Adaptation.payload``) and in a train message (the rule's ``RoundOutput.state`` entries
+``payload.NAME``, row i to client i). An uploaded payload is validated like a prompt: exactly the template's names,
+float32, the template's shapes, finite values, and at most :data:`MAX_PAYLOAD_VALUES` values in all; a reply that
+fails is rejected, as a bad prompt is. A method never sees a label, so neither does its payload.
 """
 
 from __future__ import annotations
@@ -26,6 +35,10 @@ from fedrapp_app.aggregation.common import GLOBAL_PROBE, PROBE, PROBES  # noqa: 
 from fedrapp_app.metrics.calibration import Bins, bins_from_metrics
 
 PROMPT = "prompt"
+PAYLOAD = "payload"  # optional ArrayRecord: arrays a method uploads or a rule sends beside the prompt
+#: The most values a payload may hold (float32: 256 MiB), whatever its template says: one client cannot make the
+#: server hold more than that per round.
+MAX_PAYLOAD_VALUES = 1 << 26
 METRICS = "metrics"
 CONFIG = "config"
 INFO = "info"
@@ -119,6 +132,12 @@ class Upload:
     v_own_global: float | None = None
     dp_sigma_vote: float | None = None  # under dp: the noise std of a released vote (public)
     dp_sigma_entropy: float | None = None  # the same for an entropy
+    payload: dict[str, np.ndarray] | None = None  # arrays uploaded beside the prompt (validated; None: none)
+
+    @property
+    def upload_bytes(self) -> int:
+        """What the client uploaded for the rule: its prompt and its payload, in bytes (float32)."""
+        return int(self.prompt.nbytes + sum(a.nbytes for a in (self.payload or {}).values()))
 
 
 class RejectedReply(ValueError):
@@ -132,23 +151,58 @@ def _finite_number(metrics: Mapping, key: str) -> float:
     return float(value)
 
 
+def payload_shapes(template: Mapping[str, np.ndarray]) -> dict[str, tuple[int, ...]]:
+    """The names and shapes a method's payload template sets (float32 arrays, :data:`MAX_PAYLOAD_VALUES` at most
+    in all); ``ValueError`` for a template that breaks them."""
+    shapes = {}
+    for name, array in template.items():
+        array = np.asarray(array)
+        if not name or array.dtype != np.float32:
+            raise ValueError(f"payload array {name!r} is {array.dtype}, expected float32 (and a name)")
+        shapes[name] = tuple(int(n) for n in array.shape)
+    if sum(math.prod(shape) for shape in shapes.values()) > MAX_PAYLOAD_VALUES:
+        raise ValueError(f"the payload template holds more than {MAX_PAYLOAD_VALUES} values")
+    return shapes
+
+
+def parse_payload(record: ArrayRecord, shapes: Mapping[str, tuple[int, ...]]) -> dict[str, np.ndarray]:
+    """An uploaded payload, validated like a prompt: the template's names (nothing else), float32, its shapes,
+    finite values, within :data:`MAX_PAYLOAD_VALUES`; ``RejectedReply`` says what is wrong."""
+    if sorted(record.keys()) != sorted(shapes):
+        raise RejectedReply(f"payload arrays {sorted(record.keys())}, expected {sorted(shapes)}")
+    total, arrays = 0, {}
+    for name, shape in shapes.items():
+        array = record[name]
+        if array.dtype != "float32" or tuple(array.shape) != tuple(shape):
+            raise RejectedReply(f"payload {name} is {array.dtype}{list(array.shape)}, expected float32{list(shape)}")
+        total += math.prod(shape)
+        if total > MAX_PAYLOAD_VALUES:
+            raise RejectedReply(f"the payload holds more than {MAX_PAYLOAD_VALUES} values")
+        value = array.numpy()
+        if not np.isfinite(value).all():
+            raise RejectedReply(f"payload {name} holds NaN or Inf")
+        arrays[name] = value
+    return arrays
+
+
 def parse_train_reply(
     content: RecordDict,
     expected_client: int,
     shapes: Sequence[tuple[int, ...]],
     max_norm: float,
+    payload: Mapping[str, tuple[int, ...]] | None = None,
 ) -> Upload:
     """Validate a train reply's content; raise ``RejectedReply`` with the reason when it is malformed.
 
     Checks: the record names (nothing else), the reported client id (must be the one the message was sent to), the
     required metrics (finite, entropies >= 0, a positive example count), the number, names, shapes and
-    dtype (float32) of the prompt blocks, finite values and a norm below ``max_norm``.
+    dtype (float32) of the prompt blocks, finite values and a norm below ``max_norm``; with ``payload`` (the
+    names and shapes of the method's payload template), the payload as :func:`parse_payload` says.
     """
-    extra = sorted(set(content.keys()) - {PROMPT, METRICS, NOTES})
+    allowed = {PROMPT, METRICS, NOTES} | ({PAYLOAD} if payload else set())
+    extra = sorted(set(content.keys()) - allowed)
     if extra:
-        raise RejectedReply(
-            f"unexpected records {extra} (a train reply holds only {PROMPT!r}, {METRICS!r} and {NOTES!r})"
-        )
+        raise RejectedReply(f"unexpected records {extra} (a train reply holds only {sorted(allowed)})")
     if NOTES in content and NOTES not in content.config_records:
         raise RejectedReply(f"{NOTES!r} must be a ConfigRecord")
     if METRICS not in content.metric_records:
@@ -192,8 +246,13 @@ def parse_train_reply(
     norm = float(np.linalg.norm(vector.astype(np.float64)))
     if norm > max_norm:
         raise RejectedReply(f"prompt norm {norm:.3g} exceeds the limit {max_norm:.3g}")
+    arrays = None
+    if payload:
+        if PAYLOAD not in content.array_records:
+            raise RejectedReply(f"no ArrayRecord {PAYLOAD!r} in the reply (the method's template has one)")
+        arrays = parse_payload(content.array_records[PAYLOAD], payload)
     report = {k: v for k, v in metrics.items() if k not in RULE_METRICS + OPTIONAL_RULE_METRICS}
-    return Upload(int(client), vector, h_pre, h_post, int(num_examples), report, **own)
+    return Upload(int(client), vector, h_pre, h_post, int(num_examples), report, **own, payload=arrays)
 
 
 # ----- what the results read besides accuracy (ours, issue 26) ------------------------------------------------

@@ -18,6 +18,7 @@ import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Context
 from flwr.serverapp import Grid, ServerApp
 
+from fedrapp_app.aggregation import find_rule
 from fedrapp_app.config import RESUMABLE_KEYS, ConfigError, RunConfig
 from fedrapp_app.federation.errors import describe
 from fedrapp_app.federation.population import Population
@@ -34,6 +35,7 @@ from fedrapp_app.recording.runlock import (
     release_on_signal,
     run_lock,
 )
+from fedrapp_app.registry.entry_points import provenance_of
 
 log = logging.getLogger("flwr.fedrapp")
 
@@ -109,6 +111,9 @@ def _row(row: ClientRow, report: RoundReport) -> dict[str, Any]:
     )
     out["acc"] = out["correct"] / u.num_examples
     out["acc_before"] = out["correct_before"] / u.num_examples
+    out["upload_bytes"] = u.upload_bytes  # the prompt and any payload the rule read
+    if row.download_bytes is not None:
+        out["download_bytes"] = row.download_bytes  # what it was sent: the prompt, probes and any payload
     for key in OUTCOME_METRICS:
         report_metrics.pop(key, None)
     if row.outcome is not None:
@@ -181,6 +186,17 @@ def finished_already(run_dir: Path, config: RunConfig) -> dict[str, Any] | None:
     return None
 
 
+def components(config: RunConfig) -> dict[str, Any]:
+    """Where the run's server rule and local method come from (``registry.entry_points.provenance_of``: the
+    distribution, its version and the entry point, or a module's file and hash), for config.json, summary.json and
+    a bench cell."""
+    rule, _ = config.rule_params()
+    return {
+        "rule": provenance_of(find_rule(rule)),
+        "method": provenance_of(find_method(str(config["local-method"]))),
+    }
+
+
 def mark_interrupted(run_dir: Path, why: str, wait: float = 30.0) -> None:
     """Say in ``summary.json`` that the run in ``run_dir`` was stopped, once its processes are gone (the lock is
     free, waiting up to ``wait`` seconds for it): the rows and totals up to its last checkpoint,
@@ -190,6 +206,8 @@ def mark_interrupted(run_dir: Path, why: str, wait: float = 30.0) -> None:
     with run_lock(run_dir, wait=wait):
         checkpoint = ServerCheckpoint.load(run_dir)
         recorder = RunRecorder(run_dir, checkpoint.config, resume_after=checkpoint.round)
+        if checkpoint.num_samples:
+            recorder.expect(int(checkpoint.config.get("num-clients", 0) or 0), checkpoint.num_samples)
         recorder.fail("interrupted", why, {"stopped": "interrupted"})
 
 
@@ -238,7 +256,9 @@ def run_server(
             if checkpoint is not None:
                 _resumable(config, checkpoint)
         resumed = checkpoint.round if checkpoint else None
-        recorder = RunRecorder(run_dir, dict(config.values), resume_after=resumed, started=start)
+        recorder = RunRecorder(
+            run_dir, dict(config.values), resume_after=resumed, started=start, components=components(config)
+        )
         try:
             return _run_rounds(grid, config, recorder, checkpoint, start, on_round)
         except BaseException as err:
@@ -281,6 +301,7 @@ def _run_rounds(
     log.info("results go to %s", recorder.run_dir)
     discovery = time.perf_counter()
     strategy.connect(grid)
+    recorder.expect(config.num_clients, strategy.num_samples)  # filled on by later discoveries
     discovery = time.perf_counter() - discovery
     if checkpoint is not None:
         strategy.restore(checkpoint)

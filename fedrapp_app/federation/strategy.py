@@ -9,7 +9,8 @@ Client contract (what the ClientApp must honour):
   skipped-batch: 1, ...}}`` when no sample of the batch could be decoded; ``{"metrics": {client-id,
   exhausted: 1}}`` when the stream ended. A failure is an error reply
   (``fedrapp_app.federation.errors.describe``). A train message may also hold ``"probe"``, a second prompt the
-  rule asks the client to score (FedRAPP's trust probe).
+  rule asks the client to score (FedRAPP's trust probe), and ``"payload"``, arrays the rule sends beside the prompt;
+  a method that uploads a payload adds ``"payload"`` to its query and train replies (``records.py``).
 
 ``num-clients = 0`` means one client per SuperNode: the ServerApp counts the connected nodes first
 (``count_nodes``); the strategy sends that number with every message.
@@ -21,6 +22,7 @@ which changes whenever a SuperNode restarts.
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -32,7 +34,7 @@ from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Strategy
 
 from fedrapp_app.aggregation import check_output, make_rule
-from fedrapp_app.aggregation.common import PROBES, RoundOutput
+from fedrapp_app.aggregation.common import PAYLOAD_PREFIX, PROBES, RoundOutput
 from fedrapp_app.federation.errors import clean_reason, describe
 from fedrapp_app.federation.population import Population, newcomer_prompt
 from fedrapp_app.federation.records import (
@@ -41,14 +43,18 @@ from fedrapp_app.federation.records import (
     METRICS,
     NOTES,
     OWN_PROMPT_FIELDS,
+    PAYLOAD,
     PROMPT,
     Outcome,
     RejectedReply,
     Upload,
+    arrays_to_record,
     flatten,
     parse_outcome,
     parse_train_reply,
+    payload_shapes,
     prompt_to_record,
+    record_to_arrays,
     record_to_prompt,
     unflatten,
 )
@@ -123,6 +129,7 @@ class ClientRow:
     outcome: Outcome | None = None  # calibration bins and per-domain counts, for the results only
     held_out: bool = False  # a held-out client: scored, its upload never read by the rule (population.py)
     dp_epsilon: float | None = None  # under dp: the client's privacy loss after this round's release
+    download_bytes: int | None = None  # what the server sent it this round for the rule: prompt, probes, payload
 
 
 @dataclass
@@ -237,6 +244,8 @@ class PersonalizedPromptStrategy(Strategy):
         self.query_config = {k: v for k, v in self.client_config.items() if k == "method-origin"}
         self.node_of: dict[int, int] = {}  # client id -> node id
         self.shapes: list[tuple[int, ...]] | None = None
+        self.payload: dict[str, tuple[int, ...]] = {}  # the names and shapes of the method's payload (none: {})
+        self._download: dict[int, int] = {}  # client -> bytes of the arrays sent to it this round
         self.p0: np.ndarray | None = None
         self.state: ServerState | None = None
         self.last_report: RoundReport | None = None
@@ -365,12 +374,17 @@ class PersonalizedPromptStrategy(Strategy):
             log.info("client %d moved from node %s to node %s (SuperNode restart)", client, previous, node)
         blocks = record_to_prompt(content.array_records[PROMPT])
         p0 = flatten(blocks)
+        template = content.array_records.get(PAYLOAD)
+        payload = payload_shapes(record_to_arrays(template)) if template is not None else {}
         if self.state is None:
             self.shapes = [tuple(b.shape) for b in blocks]
             self.p0 = p0
+            self.payload = payload
             self.state = ServerState.initial(p0, self.num_clients, self.seed)
         elif [tuple(b.shape) for b in blocks] != self.shapes or not np.array_equal(p0, self.p0):
             raise RejectedReply("its initial prompt differs from the other clients' (same model and method?)")
+        elif payload != self.payload:
+            raise RejectedReply(f"its payload template {payload} differs from the other clients' {self.payload}")
         self.node_of[client] = node
         self.num_samples[client] = num_samples
         if self.state.positions[client] < 0:
@@ -399,6 +413,7 @@ class PersonalizedPromptStrategy(Strategy):
             config,
             st.rule_state,
             self.privacy.arrays() if self.privacy is not None else {},
+            dict(self.num_samples),
         )
 
     def restore(self, checkpoint: ServerCheckpoint) -> None:
@@ -492,6 +507,13 @@ class PersonalizedPromptStrategy(Strategy):
             for probe in PROBES if first is None else ():  # prompts the rule asks it to score beside its own
                 if probe in self.state.rule_state:
                     records[probe] = prompt_to_record(unflatten(self.state.rule_state[probe][client], self.shapes))
+            sent = {k[len(PAYLOAD_PREFIX) :]: v[client] for k, v in self.state.rule_state.items()
+                    if k.startswith(PAYLOAD_PREFIX)} if first is None else {}  # fmt: skip
+            if sent:  # arrays the rule sends beside the prompt (Latte: its peers' prototypes)
+                records[PAYLOAD] = arrays_to_record({k: np.asarray(v, dtype=np.float32) for k, v in sent.items()})
+            self._download[client] = sum(  # the arrays' values in bytes (not their wire headers)
+                math.prod(a.shape) * np.dtype(a.dtype).itemsize for record in records.values() for a in record.values()
+            )
             cfg = ConfigRecord(
                 {
                     **dict(config),
@@ -543,6 +565,7 @@ class PersonalizedPromptStrategy(Strategy):
             rows.setdefault(client, ClientRow(client, self.node_of[client], status, why))
         for row in rows.values():
             row.held_out = self.population.held_out(row.client_id)
+            row.download_bytes = self._download.get(row.client_id)
         uploads = [r.upload for r in rows.values() if r.upload is not None and not r.held_out]
         t0 = time.monotonic()
         output, rule_error = None, ""
@@ -588,7 +611,7 @@ class PersonalizedPromptStrategy(Strategy):
         try:
             if self.privacy is not None:  # the release counts whatever becomes of it; its noise widens the norm bound
                 spent, max_norm = self._released(client, metrics, max_norm)
-            upload = parse_train_reply(content, client, self.shapes, max_norm)
+            upload = parse_train_reply(content, client, self.shapes, max_norm, self.payload)
             outcome = parse_outcome(upload.report, domains, upload.num_examples)
         except RejectedReply as err:
             log.warning("round %d: client %d (node %s): reply rejected: %s", rnd, client, node, err)
@@ -624,6 +647,7 @@ class PersonalizedPromptStrategy(Strategy):
         tuned = state.sent.copy()
         h_pre, h_post, num_examples = np.zeros(n), np.zeros(n), np.zeros(n)
         own = {name: np.full(n, np.nan) for name in OWN_PROMPT_FIELDS}  # NaN: not reported (optional metrics)
+        payload = {name: np.full((n, *shape), np.nan, np.float32) for name, shape in self.payload.items()}
         for u in uploads:
             replied[u.client_id] = True
             tuned[u.client_id] = u.prompt
@@ -632,11 +656,15 @@ class PersonalizedPromptStrategy(Strategy):
             for name in OWN_PROMPT_FIELDS:
                 value = getattr(u, name)
                 own[name][u.client_id] = np.nan if value is None else value
+            for name, array in (u.payload or {}).items():
+                payload[name][u.client_id] = array
         try:
             # copies: a rule that writes into its inputs and then fails must not have touched the server state
             rule_state = {k: v.copy() for k, v in state.rule_state.items()}
             sent, memory = state.sent.copy(), state.memory.copy()
-            output = self.rule(tuned, sent, memory, h_pre, h_post, replied, num_examples, own=own, state=rule_state)
+            output = self.rule(
+                tuned, sent, memory, h_pre, h_post, replied, num_examples, own=own, state=rule_state, payload=payload
+            )
             check_output(output, n, tuned.shape[1])
         except Exception as err:  # a rule (a plugin's too) may fail in any way: the round goes on without it
             raise RuleFailed(

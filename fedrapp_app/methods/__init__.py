@@ -8,6 +8,7 @@ anything heavy; :func:`make_method` imports the implementing class when a client
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 from collections.abc import Mapping
 from typing import Any
@@ -15,6 +16,7 @@ from typing import Any
 from fedrapp_app.methods.params import (
     AdaPromptParams,
     IMParams,
+    LatteParams,
     MethodSpec,
     TDAParams,
     TPTParams,
@@ -46,8 +48,13 @@ def find_method(name: str) -> Found:
                 "with a Params attribute or a MethodSpec (see docs/extending.md)"
             )
         doc = (target.__doc__ or "").strip().splitlines()
-        target = MethodSpec(f"{target.__module__}:{target.__qualname__}", params, doc[0] if doc else "")
-    return Found(found.name, target, found.origin, found.package)
+        target = MethodSpec(
+            f"{target.__module__}:{target.__qualname__}",
+            params,
+            doc[0] if doc else "",
+            uploads_payload=bool(getattr(target, "uploads_payload", False)),
+        )
+    return dataclasses.replace(found, target=target)
 
 
 def _stacked(name: str) -> Found:
@@ -65,7 +72,8 @@ def _stacked(name: str) -> Found:
             f"stack a head on a prompt-tuning method (e.g. 'adaprompt+{head_name}')"
         )
     origin = base.origin if base.origin == head.origin else f"{base.origin} + {head.origin}"
-    return Found(name, stacked_spec(base.name, base.target, head.name, head.target), origin, base.package)
+    spec = stacked_spec(base.name, base.target, head.name, head.target)
+    return Found(name, spec, origin, base.package, parts=(base, head))
 
 
 def methods() -> dict[str, MethodSpec]:
@@ -113,6 +121,7 @@ _LAZY = {
     "ZeroShotEnsemble": "fedrapp_app.methods.zeroshot",
     "Zero": "fedrapp_app.methods.zero",
     "TDA": "fedrapp_app.methods.tda",
+    "Latte": "fedrapp_app.methods.latte",
     "Stacked": "fedrapp_app.methods.stacked",
 }
 
@@ -132,6 +141,8 @@ __all__ = [
     "ConfidenceBuffer",
     "IMParams",
     "InformationMaximisation",
+    "Latte",
+    "LatteParams",
     "LocalMethod",
     "MethodSpec",
     "TDA",

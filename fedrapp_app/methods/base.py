@@ -47,6 +47,9 @@ class Adaptation:
     # What a prediction step stacked on the method reads (``methods/stacked.py``), so that no tower runs twice:
     features: Tensor | None = None  # [B, E] the batch's image features (original views, L2-normalised)
     text_features: Tensor | None = None  # [K, C, E] the class features of the tuned prompt ``prompt``
+    # Arrays uploaded beside the prompt (a method with ``uploads_payload``; Latte: class prototypes), float32 by
+    # name, with the names and shapes of ``LocalMethod.payload_template``; validated by the server like a prompt.
+    payload: dict[str, np.ndarray] | None = None
 
     @property
     def probe(self) -> ProbeScore | None:
@@ -64,6 +67,18 @@ class LocalMethod(ABC):
 
     name: ClassVar[str]
     own: OwnPrompt | None = None  # the own last tuned prompt, where the method keeps it (ours, issue 15)
+    #: The method uploads arrays beside its prompt (``Adaptation.payload``; ``payload_template`` says which).
+    uploads_payload: ClassVar[bool] = False
+
+    def payload_template(self, pclip: PromptedCLIP) -> dict[str, np.ndarray]:
+        """The arrays the method uploads beside its prompt every round, by name (float32, their values unused):
+        the server learns their names and shapes at discovery and refuses an upload that differs. None: {}."""
+        return {}
+
+    def receive(self, payload: Mapping[str, np.ndarray]) -> None:
+        """Arrays the server's rule sent this client for this round (``RoundOutput.state`` entries
+        ``payload.NAME``), given before ``adapt``; a method that expects none ignores them."""
+        return None
 
     def set_probe(self, probe: Sequence[np.ndarray] | None) -> None:
         """A second prompt (K blocks) for this round's ``adapt`` to score against the own one (FedRAPP's probe,

@@ -14,6 +14,13 @@ import importlib
 from dataclasses import dataclass
 from typing import Any
 
+from fedrapp_app.registry.parameters import NON_NEGATIVE, POSITIVE, Interval, param
+
+#: (0, 1]: a share of something that cannot be empty; [0, 1): a confidence threshold or a momentum.
+SHARE = Interval(0.0, 1.0, low_open=True)
+BELOW_ONE = Interval(0.0, 1.0, high_open=True)
+AT_LEAST_ONE = Interval(1.0, float("inf"), high_open=True)
+
 #: IM's diversity terms (see im.py).
 MARGINALS = ("batch", "ema")
 #: The text classifiers of the training-free methods: the received soft prompt, the dataset's template, or its
@@ -30,6 +37,7 @@ class MethodSpec:
     params: type
     summary: str = ""
     head: bool = False  # a training-free prediction step that can sit on a prompt-tuning method ("adaprompt+tda")
+    uploads_payload: bool = False  # it uploads arrays beside its prompt (LocalMethod.payload_template; Latte's)
 
     def load(self) -> Any:
         """The implementing class (imports it, and with it torch)."""
@@ -63,15 +71,15 @@ class TPTParams:
     """Hyperparameters of tpt / tpt-online (defaults: the reference code's)."""
 
     init_text: str = "a photo of a"
-    n_views: int = 63  # augmented views per image, besides the original
-    keep_ratio: float = 0.1  # fraction of the 1 + n_views views kept (lowest entropy)
-    lr: float = 5e-3
-    weight_decay: float = 0.01  # torch.optim.AdamW's default, used by the reference
+    n_views: int = param(63, NON_NEGATIVE, "augmented views per image, besides the original")
+    keep_ratio: float = param(0.1, SHARE, "fraction of the 1 + n_views views kept (lowest entropy)")
+    lr: float = param(5e-3, POSITIVE, "AdamW's learning rate")
+    weight_decay: float = param(0.01, NON_NEGATIVE, "AdamW's weight decay (torch's default, the reference's)")
     augmix: bool = False  # AugMix on top of crop + flip (the reference: fine-grained sets, not ImageNet-*)
     augmix_severity: float = 1.0
     csc: bool = False  # class-specific context: one [n, D] context per class (CoOp's CSC), block [C, n, D]
-    image_chunk: int = 256  # views per image-tower call (memory bound)
-    text_chunk: int = 2048  # text sequences per pass in episodic mode (memory bound)
+    image_chunk: int = param(256, AT_LEAST_ONE, "views per image-tower call (memory bound)")
+    text_chunk: int = param(2048, AT_LEAST_ONE, "text sequences per pass in episodic mode (memory bound)")
     own_prompt: bool = False  # ours: keep P~ and score it on the next batch's original views (base.OwnPrompt)
 
     def __post_init__(self) -> None:
@@ -95,10 +103,10 @@ class AdaPromptParams:
     """Hyperparameters of AdaPrompt (defaults: the reference configuration ``configs/methods/ours.yaml``)."""
 
     init_texts: tuple[str, ...] = ("an image of a", "a colorful image of a", "a noisy picture of a")
-    threshold: float = 0.7  # pseudo-label confidence needed to enter the buffer (strictly greater)
-    buffer_size: int = 64
-    lr: float = 5e-3
-    weight_decay: float = 0.01  # torch.optim.AdamW's default, used by the reference
+    threshold: float = param(0.7, BELOW_ONE, "pseudo-label confidence needed to enter the buffer (strictly greater)")
+    buffer_size: int = param(64, AT_LEAST_ONE, "the class-balanced buffer's size")
+    lr: float = param(5e-3, POSITIVE, "AdamW's learning rate")
+    weight_decay: float = param(0.01, NON_NEGATIVE, "AdamW's weight decay (torch's default, the reference's)")
     double_softmax: bool = True  # the reference's softmax before CrossEntropyLoss
     csc: bool = False  # class-specific context (ours for AdaPrompt): each block is [C, n_k, D]
     own_prompt: bool = False  # ours: keep P~ and score it on the next batch (H_own, base.OwnPrompt)
@@ -120,11 +128,11 @@ class IMParams:
     """Hyperparameters of im (ours; lr as measured in TESTBED.md)."""
 
     init_text: str = "a photo of a"
-    lr: float = 5e-3
-    weight_decay: float = 0.01  # torch.optim.AdamW's default, as the other methods
-    diversity_weight: float = 1.0  # lambda; 0 = plain entropy minimisation (the collapsing ablation)
+    lr: float = param(5e-3, POSITIVE, "AdamW's learning rate")
+    weight_decay: float = param(0.01, NON_NEGATIVE, "AdamW's weight decay (torch's default, as the other methods)")
+    diversity_weight: float = param(1.0, NON_NEGATIVE, "lambda; 0 = plain entropy minimisation (it collapses)")
     marginal: str = "batch"  # "batch" (SHOT) or "ema" (running marginal, ours)
-    ema_momentum: float = 0.5  # weight of the past in the running marginal (window of about 1 / (1 - momentum))
+    ema_momentum: float = param(0.5, BELOW_ONE, "weight of the past in the running marginal ('ema')")
     csc: bool = False  # class-specific context: one [n, D] context per class (CoOp's CSC), block [C, n, D]
     own_prompt: bool = False  # ours: keep P~ and score it on the next batch (H_own, base.OwnPrompt)
 
@@ -156,8 +164,8 @@ class ZeroParams:
 
     init_text: str = "a photo of a"
     classifier: str = "prompt"  # the received prompt (P0 = init_text: ZERO's "a photo of a {}.")
-    n_views: int = 63  # augmented views per image besides the original: 64 in all (crop + flip, TPT's)
-    keep_ratio: float = 0.3  # gamma: the code's since Oct 2024 (19 of 64 views); the paper's v1 and TPT: 0.1
+    n_views: int = param(63, NON_NEGATIVE, "augmented views per image besides the original (crop + flip, TPT's)")
+    keep_ratio: float = param(0.3, SHARE, "gamma: the share of the views that vote (the code's since Oct 2024)")
     augmix: bool = False  # ZERO uses none
     augmix_severity: float = 1.0
     image_chunk: int = 256  # views per image-tower call (memory bound)
@@ -184,12 +192,12 @@ class TDAParams:
     augmix: bool = False  # (true with n_views = 63 for the authors' ImageNet-A/V/R/S setting)
     augmix_severity: float = 1.0
     image_chunk: int = 256
-    pos_capacity: int = 3  # positive cache: shots per class
-    pos_alpha: float = 2.0
-    pos_beta: float = 5.0
-    neg_capacity: int = 2  # negative cache: shots per class
-    neg_alpha: float = 0.117
-    neg_beta: float = 1.0
+    pos_capacity: int = param(3, NON_NEGATIVE, "positive cache: shots per class (0: off)")
+    pos_alpha: float = param(2.0, NON_NEGATIVE, "weight of the positive cache's logits")
+    pos_beta: float = param(5.0, NON_NEGATIVE, "sharpness of the positive cache's affinities")
+    neg_capacity: int = param(2, NON_NEGATIVE, "negative cache: shots per class (0: off)")
+    neg_alpha: float = param(0.117, NON_NEGATIVE, "weight of the negative cache's logits")
+    neg_beta: float = param(1.0, NON_NEGATIVE, "sharpness of the negative cache's affinities")
     neg_entropy_low: float = 0.2  # a sample enters the negative cache when its normalised entropy is inside
     neg_entropy_high: float = 0.5
     neg_mask_low: float = 0.03  # classes whose probability is inside these bounds are its negative labels
@@ -208,6 +216,42 @@ class TDAParams:
             )
         if not 0 <= self.neg_mask_low < self.neg_mask_high:
             raise ValueError(f"need 0 <= neg_mask_low < neg_mask_high, got {self.neg_mask_low}, {self.neg_mask_high}")
+
+    @property
+    def views_kept(self) -> int:
+        return max(1, int((1 + self.n_views) * self.keep_ratio))
+
+
+#: How a Latte client makes the class prototypes it uploads (the authors' ``upload_cache``).
+PROTOTYPES = ("exp_weighted", "mean", "min_ent")
+
+
+@dataclass(frozen=True)
+class LatteParams:
+    """Hyperparameters of Latte's client (Bao et al., ICCV 2025; defaults: the authors' ``configs/CIFAR10CFull/
+    latte.yaml``, baowenxuan/Latte: the corruption benchmark nearest the testbed's 32-pixel shifted renders)."""
+
+    init_text: str = "a photo of a"
+    classifier: str = "ensemble"  # the authors' text classifier: the mean of the templates' features (--use_tip)
+    n_views: int = param(0, NON_NEGATIVE, "augmented views per image besides the original (the authors: none)")
+    keep_ratio: float = param(0.1, SHARE, "with views: the confident share whose mean feature stands for the image")
+    augmix: bool = False
+    augmix_severity: float = 1.0
+    image_chunk: int = param(256, AT_LEAST_ONE, "views per image-tower call (memory bound)")
+    local_capacity: int = param(12, AT_LEAST_ONE, "local memory: shots per class (lowest entropy first)")
+    alpha: float = param(1.0, NON_NEGATIVE, "weight of the memory's logits beside CLIP's")
+    beta: float = param(60.0, NON_NEGATIVE, "sharpness of the affinities exp(beta (f.k - 1))")
+    gamma: float = param(1.5, NON_NEGATIVE, "entropy weighting exp(-gamma H) of the memory's entries")
+    prototype: str = "exp_weighted"  # the uploaded class prototype: exp_weighted (the paper's), mean or min_ent
+    prototype_gamma: float = param(1.5, NON_NEGATIVE, "entropy weighting of the entries in an uploaded prototype")
+    use_local: bool = True  # predict with the local memory (the authors' local.enabled)
+    use_external: bool = True  # ... and with the prototypes the server sent (global.enabled)
+    own_prompt: bool = False  # ours: report H_own (= H_pre: no prompt is tuned)
+
+    def __post_init__(self) -> None:
+        _check_views(self.n_views, self.keep_ratio, self.image_chunk, self.classifier)
+        if self.prototype not in PROTOTYPES:
+            raise ValueError(f"prototype must be one of {PROTOTYPES}, got {self.prototype!r}")
 
     @property
     def views_kept(self) -> int:
@@ -249,6 +293,14 @@ TDA = MethodSpec(
     head=True,
 )
 
+LATTE = MethodSpec(
+    "fedrapp_app.methods.latte:Latte",
+    LatteParams,
+    "Latte (Bao et al. 2025): a memory of confident test embeddings and the prototypes of similar clients, "
+    "training-free; pair with strategy = 'latte'",
+    uploads_payload=True,
+)
+
 
 #: The head's parameters a stacked method does not take: the head predicts with the base's tuned prompt, and the
 #: own prompt is the base's.
@@ -260,9 +312,12 @@ def stacked_spec(base_name: str, base: MethodSpec, head_name: str, head: MethodS
     """The method ``base+head``: ``base``'s parameters as they are, the head's prefixed with its name
     (``tda_pos_alpha``, in a run config ``tda-pos-alpha``), checked by both parameter classes."""
     prefix = head_name.replace("-", "_") + "_"
-    base_fields = [(f.name, f.type, dataclasses.field(default=f.default)) for f in dataclasses.fields(base.params)]
+    base_fields = [
+        (f.name, f.type, dataclasses.field(default=f.default, metadata=f.metadata))
+        for f in dataclasses.fields(base.params)
+    ]
     head_fields = [
-        (prefix + f.name, f.type, dataclasses.field(default=f.default))
+        (prefix + f.name, f.type, dataclasses.field(default=f.default, metadata=f.metadata))
         for f in dataclasses.fields(head.params)
         if f.name not in _HEAD_SHARED
     ]

@@ -1,5 +1,5 @@
 """``fedrapp-list``: the server rules and local methods installed here, plugins included, with their parameters,
-defaults, the run-config key that sets each, and where each comes from.
+defaults, allowed ranges (where declared), the run-config key that sets each, and where each comes from.
 
     fedrapp-list              # rules and methods
     fedrapp-list rules        # only the rules (or: methods)
@@ -14,6 +14,7 @@ from collections.abc import Callable, Mapping
 
 from fedrapp_app.config import METHOD_KEYS, RULE_KEYS
 from fedrapp_app.registry import entry_points
+from fedrapp_app.registry.parameters import allowed_range
 
 #: What ``Rule.newcomer`` means, as fedrapp-list says it (docs/shift.md#populations).
 NEWCOMER_TEXT = {
@@ -37,8 +38,19 @@ def _parameters(params: type, own_keys: Mapping[str, str], other_key: str) -> li
         where = f'-c "{key}=..."' if key else f"{other_key}='{f.name.replace('_', '-')}=...'"
         where = SET_BY_THE_RUN.get(f.name, where)
         meaning = f.metadata.get("help", "")
-        lines.append(f"      {f.name.replace('_', '-')} = {default!r}  [{where}]" + (f"  {meaning}" if meaning else ""))
+        allowed = allowed_range(f)
+        in_range = f" in {allowed}" if allowed is not None else ""
+        lines.append(
+            f"      {f.name.replace('_', '-')} = {default!r}{in_range}  [{where}]" + (f"  {meaning}" if meaning else "")
+        )
     return lines or ["      (no parameters)"]
+
+
+def summary_line(name: str, summary: str) -> str:
+    """A rule's or method's one-line summary without a leading repetition of its name (a docstring that starts
+    ``"NAME: ..."``, as the examples' do, would read "NAME: NAME: ...")."""
+    text = summary.strip()
+    return text[len(name) + 1 :].strip() if text.lower().startswith(f"{name.lower()}:") else text
 
 
 def _section(title: str, group: str, find: Callable, keys: Mapping[str, Mapping[str, str]], other_key: str) -> str:
@@ -51,7 +63,9 @@ def _section(title: str, group: str, find: Callable, keys: Mapping[str, Mapping[
             continue
         target = found.target
         selected = getattr(target, "selected_by", "")
-        out.append(f"  {name}: {target.summary}" + (f" [selected by {selected}]" if selected else ""))
+        out.append(
+            f"  {name}: {summary_line(name, target.summary)}" + (f" [selected by {selected}]" if selected else "")
+        )
         out.append(f"      from {found.origin}")
         if getattr(target, "newcomer", None):  # a rule: what a late joiner or a held-out client is sent first
             out.append(f"      a client never seen is sent: {NEWCOMER_TEXT[target.newcomer]}")

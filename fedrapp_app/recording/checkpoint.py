@@ -60,6 +60,7 @@ class ServerCheckpoint:
     config: dict[str, Any]
     rule_state: dict[str, np.ndarray] = field(default_factory=dict)  # per-client arrays a rule carries (trust)
     privacy: dict[str, np.ndarray] = field(default_factory=dict)  # under dp: each client's uploads, noise, own share
+    num_samples: dict[int, int] = field(default_factory=dict)  # each discovered client's stream size (older: none)
 
     def save(self, run_dir: Path) -> None:
         meta = {
@@ -68,6 +69,7 @@ class ServerCheckpoint:
             "rng_state": self.rng_state,
             "token": self.token,
             "config": self.config,
+            "num_samples": {str(c): int(n) for c, n in self.num_samples.items()},
         }
         _save_npz_atomic(
             Path(run_dir) / SERVER_FILE,
@@ -106,6 +108,7 @@ class ServerCheckpoint:
                 meta["config"],
                 {name[len(RULE_STATE) :]: data[name] for name in data.files if name.startswith(RULE_STATE)},
                 {name[len(PRIVACY) :]: data[name] for name in data.files if name.startswith(PRIVACY)},
+                {int(c): int(n) for c, n in meta.get("num_samples", {}).items()},
             )
 
 

@@ -1,10 +1,13 @@
 """Results of a run: one JSONL row per client per round, a summary JSON at the end, a progress line per round.
 
 Files in the run folder:
-- ``config.json``  the full validated config, library versions, git commit, start time;
+- ``config.json``  the full validated config, library versions, git commit, start time, and where the server rule
+  and the local method come from (``components``: distribution and version, or a module's file and hash);
 - ``rounds.jsonl`` one row per sampled client per round (accuracy before/after adaptation, H_pre, H_post,
-  reliability r, memory rate mu, peer weights, timings, status);
-- ``summary.json`` micro and macro online accuracy, per-client accuracy, the config and provenance.
+  reliability r, memory rate mu, peer weights, timings, status; ``rule_error`` in every row of a round whose
+  server rule failed);
+- ``summary.json`` micro and macro online accuracy, per-client accuracy, the rounds whose rule failed
+  (``rule_failures``), the config and provenance (``components`` too).
 
 ``held_results`` says what a folder holds that a new run would overwrite (a new run is refused there: ``runlock``),
 and ``clear_results`` removes a run's files for an explicit overwrite.
@@ -168,9 +171,11 @@ def unscored_samples(
     return complete, unscored
 
 
-#: The keys of a row the summary reads (``unscored_samples``, ``outcome_summary``); peer weights and metrics stay out.
+#: The keys of a row the summary reads (``unscored_samples``, ``outcome_summary``, ``rule_failures``); peer weights
+#: and metrics stay out.
 _OUTCOME_KEYS = ("round", "client", "status", "reason", "num_examples", "skipped", "correct", "calibration",
-                 "calibration_before", "domains", "domain", "held_out", "moved", "why_unmoved")  # fmt: skip
+                 "calibration_before", "domains", "domain", "held_out", "moved", "why_unmoved",
+                 "rule_error")  # fmt: skip
 
 
 def movement(row: dict[str, Any]) -> tuple[bool | None, str]:
@@ -186,6 +191,17 @@ def movement(row: dict[str, Any]) -> tuple[bool | None, str]:
         return True, ""
     fill = metrics.get("stat-buffer_fill")
     return False, "its buffer was not full (no pseudo-label confident enough)" if fill is not None else "no update"
+
+
+def rule_failures(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """The rounds whose server rule failed (``rule_error`` in their rows: the clients were scored, the server state
+    stayed as it was and every client was sent again what it was sent): ``count``, ``rounds`` and ``last_error``."""
+    failed: dict[int, str] = {}
+    for row in rows:
+        if row.get("rule_error"):
+            failed[int(row["round"])] = str(row["rule_error"])
+    rounds = sorted(failed)
+    return {"count": len(rounds), "rounds": rounds, "last_error": failed[rounds[-1]] if rounds else None}
 
 
 def outcome_summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
@@ -247,17 +263,31 @@ class RunRecorder:
     """Writes the per-round rows and the summary of one run into ``run_dir``."""
 
     def __init__(
-        self, run_dir: Path, config: dict[str, Any], resume_after: int | None = None, started: float | None = None
+        self,
+        run_dir: Path,
+        config: dict[str, Any],
+        resume_after: int | None = None,
+        started: float | None = None,
+        components: dict[str, Any] | None = None,
     ) -> None:
         """Start a run's files, or with ``resume_after = R`` continue them: rows of rounds after R (from a
         round that never reached its checkpoint) are dropped and the totals are rebuilt from the rest.
         ``started``: epoch seconds the run (this session) started, which the summary's ``seconds`` count from
-        (default: now), so that they cover the setup before the files were opened too."""
+        (default: now), so that they cover the setup before the files were opened too. ``components``: where the
+        rule and the method come from (``registry.entry_points.provenance_of``); a resumed run without them keeps
+        config.json's."""
         self.run_dir = Path(run_dir).resolve()
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.config = config
         self.started = time.time() if started is None else started
         self.provenance = provenance()
+        if components is None and resume_after is not None and (self.run_dir / "config.json").is_file():
+            components = json.loads((self.run_dir / "config.json").read_text()).get("components")
+        if components is not None:
+            self.provenance["components"] = components
+        #: the clients and their streams' sizes, once discovery knows them (``expect``): what a failed run left
+        self.num_clients = int(config.get("num-clients", 0) or 0)
+        self.num_samples: dict[int, int] = {}
         self.rounds_path = self.run_dir / "rounds.jsonl"
         self.summary_path = self.run_dir / "summary.json"
         self.correct: dict[int, int] = defaultdict(int)
@@ -295,6 +325,11 @@ class RunRecorder:
                 self.correct_before[r["client"]] += r["correct_before"]
                 self.seen[r["client"]] += r["num_examples"]
 
+    def expect(self, num_clients: int, num_samples: dict[int, int]) -> None:
+        """The federation's clients and their streams' sizes (discovery's), so that even a run that fails later
+        says per client what was never scored."""
+        self.num_clients, self.num_samples = num_clients, num_samples
+
     def record_round(
         self, round_number: int, rows: list[dict[str, Any]], seconds: float, timing: dict[str, float] | None = None
     ) -> str:
@@ -324,6 +359,9 @@ class RunRecorder:
         skipped = sum(int(r.get("skipped", 0) or 0) for r in rows)
         if skipped:
             line += f" | {skipped} undecodable sample(s) skipped"
+        failed = next((r["rule_error"] for r in rows if r.get("rule_error")), "")
+        if failed:  # the clients were scored, but the server's state did not move: say so on the line
+            line += f" | RULE FAILED (state unchanged; {rule_failures(self.rows)['count']} round(s) so far): {failed}"
         line += f" | {seconds:.1f}s"
         return line
 
@@ -353,6 +391,7 @@ class RunRecorder:
             "started": self.started,  # epoch seconds of this session's start, which ``seconds`` count from
             "run_dir": str(self.run_dir),
             "resumed_after_round": self.resumed_after,
+            "rule_failures": rule_failures(self.rows),
             **(extra or {}),
             "config": self.config,
             **self.provenance,
@@ -362,8 +401,18 @@ class RunRecorder:
 
     def fail(self, status: str, error: str, extra: dict[str, Any] | None = None) -> dict[str, Any]:
         """Write ``summary.json`` for a run that did not end normally (``status`` "failed" or "interrupted"):
-        what was scored so far, ``complete: false`` and the error."""
-        return self.finish({"complete": False, **(extra or {}), "status": status, "error": error})
+        what was scored so far, ``complete: false``, ``unscored`` per client (as docs/failures.md says: the
+        samples left and why; every client's, with its size unknown, when the run ended before discovery) and
+        the error."""
+        why = f"the run {status}: {error.splitlines()[0] if error else status}"
+        if self.num_samples:
+            _, unscored = unscored_samples(self.num_clients, self.num_samples, self.rows, why, capped=False)
+        else:
+            unscored = {
+                c: {"samples": None, "reasons": [f"{why} (before its stream's size was known)"]}
+                for c in range(self.num_clients)
+            }
+        return self.finish({"complete": False, "unscored": unscored, **(extra or {}), "status": status, "error": error})
 
 
 #: What a run writes in its folder (with their temporary files): all an explicit overwrite removes. The lock file

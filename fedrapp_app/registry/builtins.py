@@ -17,8 +17,9 @@ RULES = (
     "fedtrimmedavg",
     "krum",
     "domain-oracle",
+    "latte",
 )
 #: The rules the run config selects otherwise than by ``strategy``.
 OPTIONS = ("fedrapp-trust",)
 #: The local methods.
-METHODS = ("adaprompt", "im", "tpt", "tpt-online", "zeroshot", "zeroshot-ensemble", "zero", "tda")
+METHODS = ("adaprompt", "im", "tpt", "tpt-online", "zeroshot", "zeroshot-ensemble", "zero", "tda", "latte")

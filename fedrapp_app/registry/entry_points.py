@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import difflib
 import functools
+import hashlib
 import importlib
 from dataclasses import dataclass
 from importlib.metadata import EntryPoint, entry_points
@@ -41,12 +42,37 @@ class Found:
     target: Any
     origin: str  # e.g. "fedrapp 0.1.0 (entry point fedavg = fedrapp_app.aggregation.baselines:FEDAVG)"
     package: str  # the distribution that provides it ('' for a module:attribute reference)
+    version: str = ""  # the distribution's version ('' for a module:attribute reference)
+    entry_point: str = ""  # "name = module:attribute" of the entry point ('' for a reference)
+    file: str = ""  # a module:attribute reference: the module's file
+    parts: tuple[Found, ...] = ()  # a method made of others ("adaprompt+tda"): each part
 
 
 def _origin(entry: EntryPoint) -> tuple[str, str]:
     dist = entry.dist
     package = f"{dist.name} {dist.version}" if dist is not None else "an unknown package"
     return f"{package} (entry point {entry.name} = {entry.value})", (dist.name if dist is not None else "")
+
+
+def provenance_of(found: Found) -> dict[str, Any]:
+    """Where a rule or method comes from, for a run's config.json and summary.json and a bench cell: the
+    distribution and its version and the entry point, or for a ``module:attribute`` reference the module's file
+    and the SHA-256 of its bytes now (what ran, even where no package version says so); a method made of others
+    lists each part."""
+    if found.parts:
+        return {"name": found.name, "parts": [provenance_of(part) for part in found.parts]}
+    if found.file:
+        try:
+            digest = hashlib.sha256(open(found.file, "rb").read()).hexdigest()  # noqa: SIM115 - a few KB, once
+        except OSError:
+            digest = None
+        return {"name": found.name, "reference": found.name, "file": found.file, "sha256": digest}
+    return {
+        "name": found.name,
+        "distribution": found.package or None,
+        "version": found.version or None,
+        "entry_point": found.entry_point or None,
+    }
 
 
 @functools.cache
@@ -85,9 +111,11 @@ def find(group: str, name: str) -> Found:
                 "on PYTHONPATH where the app runs, or install the package that provides it)"
             ) from err
         try:
-            return Found(name, getattr(module, attribute), f"module {module_name} ({module.__file__})", "")
+            target = getattr(module, attribute)
         except AttributeError as err:
             raise PluginError(f"{where}: module {module_name!r} has no attribute {attribute!r}") from err
+        file = str(getattr(module, "__file__", "") or "")
+        return Found(name, target, f"module {module_name} ({file or 'no file'})", "", file=file)
     entries = registered(group)
     entry = entries.get(name)
     if entry is None:
@@ -100,8 +128,9 @@ def find(group: str, name: str) -> Found:
             "(`fedrapp-list` lists what is installed, docs/extending.md says how to add one)"
         )
     origin, package = _origin(entry)
+    version = entry.dist.version if entry.dist is not None else ""
     try:
-        return Found(name, entry.load(), origin, package)
+        return Found(name, entry.load(), origin, package, version, f"{entry.name} = {entry.value}")
     except Exception as err:  # a plugin's import may fail in any way; name it
         raise PluginError(f"{kind} {name!r} from {origin} failed to load: {type(err).__name__}: {err}") from err
 

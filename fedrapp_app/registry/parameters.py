@@ -5,15 +5,70 @@ snake_case (``gamma_max``); each value is checked against the type of its field'
 float, a bool is not a number); the dataclass's own ``__post_init__`` checks ranges. Every refusal is a
 ``ValueError`` that names the owner, the key, what is allowed and the fix. ``parse_assignments`` reads the
 ``rule-params`` / ``method-params`` strings of a run config (``"weight=0.3 mode='fast'"``).
+
+A field made with :func:`param` (``weight: float = param(0.5, UNIT, "share of the mean")``) carries its allowed
+range and meaning: :func:`build_params` checks the range for any dataclass (a rule's ``RuleParams`` checks it
+itself too), and ``fedrapp-list`` prints both.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 import re
 import tomllib
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
+
+
+@dataclass(frozen=True)
+class Interval:
+    """A range of allowed parameter values, printed the mathematical way (``[0, 1]``, ``(0, inf)``)."""
+
+    low: float
+    high: float
+    low_open: bool = False
+    high_open: bool = False
+
+    def __contains__(self, value: float) -> bool:
+        above = value > self.low if self.low_open else value >= self.low
+        below = value < self.high if self.high_open else value <= self.high
+        return above and below  # False for NaN
+
+    def __str__(self) -> str:
+        return f"{'(' if self.low_open else '['}{self.low:g}, {self.high:g}{')' if self.high_open else ']'}"
+
+
+UNIT = Interval(0.0, 1.0)
+NON_NEGATIVE = Interval(0.0, math.inf, high_open=True)
+POSITIVE = Interval(0.0, math.inf, low_open=True, high_open=True)
+
+
+def param(default: Any, allowed: Interval | None = None, help: str = "") -> Any:
+    """A parameter field with its default, its allowed range (checked by :func:`build_params`; None: any value
+    of the default's type) and a one-line meaning (for ``fedrapp-list`` and errors)."""
+    metadata: dict[str, Any] = {"help": help}
+    if allowed is not None:
+        metadata["allowed"] = allowed
+    return dataclasses.field(default=default, metadata=metadata)
+
+
+def allowed_range(f: dataclasses.Field) -> Interval | None:
+    """The range a field made with :func:`param` allows (None: not declared)."""
+    allowed = f.metadata.get("allowed")
+    return allowed if isinstance(allowed, Interval) else None
+
+
+def check_ranges(values: Any, owner: str) -> None:
+    """Refuse a dataclass instance whose numeric field lies outside its declared range (``ValueError``)."""
+    for f in dataclasses.fields(values):
+        allowed, value = allowed_range(f), getattr(values, f.name)
+        if allowed is None or isinstance(value, bool) or not isinstance(value, int | float):
+            continue
+        if value not in allowed:
+            raise ValueError(f"{owner}: {f.name.replace('_', '-')} = {value!r} is outside its allowed range {allowed}")
+
 
 #: ``key=value`` pairs separated by spaces or commas; values in quotes may hold spaces.
 _PAIR = re.compile(r"""([A-Za-z_][\w-]*)\s*=\s*('[^']*'|"[^"]*"|[^\s,]+)""")
@@ -86,4 +141,6 @@ def build_params(cls: type, values: Mapping[str, Any] | None, owner: str) -> Any
             raise ValueError(f"parameter {name.replace('_', '-')!r} of {owner} is given twice")
         default = fields[name].default
         chosen[name] = value if default is dataclasses.MISSING else _coerce(owner, key, value, default)
-    return cls(**chosen)
+    built = cls(**chosen)
+    check_ranges(built, owner)
+    return built

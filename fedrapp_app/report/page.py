@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from fedrapp_app.bench.rows import write_text_atomic
-from fedrapp_app.recording.results import outcome_summary, unmoved_warning
+from fedrapp_app.recording.results import outcome_summary, rule_failures, unmoved_warning
 from fedrapp_app.report import figures
 from fedrapp_app.report.runs import ROUNDS_FILE, Run, RunError, load_run
 from fedrapp_app.report.tables import (
@@ -343,7 +343,34 @@ def _config_section(run: Run) -> str:
         f"\nCommit `{commit}`{dirty}; started {when}; Python {p.get('python', '?')} on {p.get('platform', '?')}.\n\n"
         f"Versions: {versions or 'unknown'}.\n"
     )
+    components = p.get("components") or {}
+    for role, label in (("rule", "Server rule"), ("method", "Local method")):
+        if role in components:
+            out.write(f"\n{label}: {component_text(components[role])}.\n")
     return out.getvalue()
+
+
+def component_text(found: dict[str, Any]) -> str:
+    """Where a rule or method came from, as config.json's ``components`` says (``provenance_of``), in words."""
+    if found.get("parts"):
+        return f"`{found.get('name')}`, made of " + " and ".join(component_text(part) for part in found["parts"])
+    if found.get("file"):
+        digest = (found.get("sha256") or "?")[:12]
+        return f"`{found.get('name')}` from the file `{found['file']}` (SHA-256 {digest}…)"
+    where = f"{found.get('distribution')} {found.get('version')}"
+    return f"`{found.get('name')}` from {where} (entry point {found.get('entry_point')})"
+
+
+def _rule_failure_text(run: Run) -> str:
+    """A banner for a run whose server rule failed in some rounds (their rows hold ``rule_error``)."""
+    failed = rule_failures(run.rows)
+    if not failed["count"]:
+        return ""
+    return (
+        f"> **The server rule failed in {failed['count']} round(s)** ({', '.join(map(str, failed['rounds']))}): the "
+        "clients were scored, but the server's state did not move and every client was sent again what it was sent. "
+        f"Last error: `{failed['last_error']}`.\n\n"
+    )
 
 
 # ---------------------------------------------------------------------------------------------- one run
@@ -404,6 +431,7 @@ def write_run_report(run: Run, out: Path, regenerate: str) -> Path:
         page.write(f"> **Incomplete run.** {run.status}. The numbers below cover what was written so far.\n\n")
     elif not run.complete:
         page.write(f"> **Incomplete run.** {run.status}. See the samples never scored under Clients.\n\n")
+    page.write(_rule_failure_text(run))
     page.write(f"Folder: `{run.path}`. Status: {run.status}. Regenerate: `{regenerate}`.\n\n")
     for note in run.notes:
         page.write(f"Note: {note}.\n\n")

@@ -47,7 +47,8 @@ class Run:
     ----------
     path : the run folder (resolved).
     config : the run's full config (kebab-case keys), from ``config.json`` (``summary.json`` as a fallback).
-    provenance : versions, python, platform, git {commit, dirty} and ``started`` (epoch seconds), where known.
+    provenance : versions, python, platform, git {commit, dirty}, ``started`` (epoch seconds) and ``components``
+        (where the rule and the method come from), where known.
     rows : the rows of ``rounds.jsonl`` in file order (one per sampled client per round).
     summary : ``summary.json`` or None while the run has not ended (interrupted, or still running).
     domains : each client's shift domain (testbed with ``testbed-domains``), None where it has none.
@@ -244,9 +245,11 @@ def load_run(folder: str | Path) -> Run:
     if not isinstance(config, dict):
         source = config_path if config_path.is_file() else summary_path
         raise RunError(f"{source}: no 'config' object; the file is not one a run wrote (restore it or rerun)")
-    provenance = {k: stored[k] for k in ("versions", "python", "platform", "git", "started") if k in stored}
+    provenance = {
+        k: stored[k] for k in ("versions", "python", "platform", "git", "started", "components") if k in stored
+    }
     if summary is not None:
-        known = {k: summary[k] for k in ("versions", "python", "platform", "git") if k in summary}
+        known = {k: summary[k] for k in ("versions", "python", "platform", "git", "components") if k in summary}
         provenance = {**known, **provenance}
     rows, notes = read_rounds(rounds_path, allow_cut_tail=summary is None)
     run = Run(path, dict(config), provenance, rows, summary, domains=[], notes=notes, locked=_lock_started(path))

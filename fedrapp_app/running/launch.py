@@ -13,12 +13,14 @@ failed. This launcher:
 3. starts its own simulation SuperLink on a free port, from a neutral directory, and adds a connection to it,
    ``[superlink.fedrapp-sim-<port>]``, to ``$FLWR_HOME/config.toml`` (taken out again when it exits);
 4. runs flwr run <app> <connection> --stream with one SuperNode per client;
-5. reads the run's final status and summary, prints them, and exits non-zero when the run failed or left
-   samples unscored;
+5. reads the run's final status and summary, prints them, and exits non-zero when the run failed, left
+   samples unscored or its server rule failed in some round;
 6. stops every process the run started (the SuperLink, the simulation, Ray) when the run ends, fails, or on
    Ctrl-C / SIGTERM, and then prints the command that resumes the run.
 
-Exit status: 0 done, 1 the run failed or is incomplete, 2 bad config or input, 130 interrupted.
+Exit status: 0 done, 1 the run failed or is incomplete, 2 bad config or input, 3 the run finished with every sample
+scored but its server rule failed in some rounds (those rounds sent every client again what it was sent), 130
+interrupted.
 """
 
 from __future__ import annotations
@@ -756,6 +758,10 @@ def _interrupted_message(args: argparse.Namespace, run_dir: Path) -> str:
     )
 
 
+#: The exit status of a run that scored every sample but whose server rule failed in some rounds.
+RULE_FAILED = 3
+
+
 def report(status: dict, run_dir: Path, log_path: Path) -> int:
     """Print the run's outcome from the SuperLink's status and the run folder; the exit status."""
     summary_path = run_dir / "summary.json"
@@ -789,8 +795,15 @@ def report(status: dict, run_dir: Path, log_path: Path) -> int:
     warning = unmoved_warning(summary)
     if warning:
         print(f"fedrapp-sim: warning: {warning}")
+    failures = summary.get("rule_failures") or {}
+    if failures.get("count"):
+        print(
+            f"fedrapp-sim: the server rule FAILED in {failures['count']} round(s) {failures['rounds']} (the server "
+            f"state stayed as it was and every client was sent again what it was sent); last: {failures['last_error']}",
+            file=sys.stderr,
+        )
     if summary.get("complete", True):
-        return 0
+        return RULE_FAILED if failures.get("count") else 0
     print("fedrapp-sim: INCOMPLETE: samples were never scored:", file=sys.stderr)
     for client, info in sorted(summary.get("unscored", {}).items(), key=lambda kv: int(kv[0])):
         count = "all" if info.get("samples") is None else info["samples"]

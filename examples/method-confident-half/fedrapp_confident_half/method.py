@@ -1,17 +1,17 @@
-"""A FedRAPP local method as a plugin: entropy minimisation on the most confident half of each batch.
+"""confident-half: entropy minimisation on the most confident half of each batch (the parameters, which the
+registry reads without torch, are in ``__init__.py``).
 
 Per batch: score the batch with the received prompt, keep the `share` of its images with the lowest prediction
 entropy, take one AdamW step on their mean entropy, then predict the whole batch with the updated prompt. The
 AdamW moments are the method's client state (they survive rounds, process restarts and a resume).
 """
 
-from dataclasses import dataclass
 from typing import ClassVar
 
 import numpy as np
 import torch
 
-from fedrapp_app.methods.base import (
+from fedrapp_app.plugins import (
     Adaptation,
     LocalMethod,
     adamw_state_arrays,
@@ -23,16 +23,7 @@ from fedrapp_app.methods.base import (
     mean_entropy,
 )
 
-
-@dataclass(frozen=True)
-class ConfidentHalfParams:
-    init_text: str = "a photo of a"  # the words the context starts from (identical on every client)
-    share: float = 0.5  # share of each batch, the most confident images, whose entropy is minimised
-    lr: float = 5e-3
-
-    def __post_init__(self):
-        if not 0 < self.share <= 1 or self.lr <= 0:
-            raise ValueError(f"share must be in (0, 1] and lr > 0, got share={self.share}, lr={self.lr}")
+from . import ConfidentHalfParams
 
 
 class ConfidentHalf(LocalMethod):
