@@ -451,3 +451,20 @@ def test_without_the_library_the_error_says_how_to_install_it(folder, monkeypatc
             validate_spec(real(folder))
     finally:
         spec_module._library_ready.cache_clear()
+
+
+def test_the_report_words_recovery_and_forgetting_so_that_no_number_reads_as_an_error():
+    """Issue 39: "0.00 batches to get back ... (41 never did)" and a forgetting of "-1.00 points" read as errors."""
+    from fedrapp_app.report.page import _forgetting_words, _recovery_words
+
+    none = {"switches": 41, "unrecovered": 41, "recovery_batches": None, "forgetting": -0.01, "returns": 3}
+    assert _recovery_words(none) == "None of the 41 got back to the accuracy before it."
+    assert "-1.00 points (nothing forgotten" in _forgetting_words(none) and "3 returns" in _forgetting_words(none)
+    at_once = {"switches": 10, "unrecovered": 2, "recovery_batches": 0.0, "forgetting": None, "returns": 0}
+    assert _recovery_words(at_once) == "8 of 10 got back to the accuracy before the switch: each on its first batch " \
+        "after the switch; 2 never did."  # fmt: skip
+    assert _forgetting_words(at_once) == "No client returned to a domain it had left."
+    slow = {"switches": 4, "unrecovered": 0, "recovery_batches": 1.5, "forgetting": 0.02, "returns": 4}
+    assert "after 1.50 batches on average" in _recovery_words(slow) and "+2.00 points (it forgot)" in _forgetting_words(
+        slow
+    )

@@ -129,12 +129,9 @@ def _shift_section(run: Run) -> str:
         out.write(_table(["shift domain", "samples", "online accuracy (%)"], rows) + "\n")
     s = o["switches"]
     if s:
-        recovery = "–" if s["recovery_batches"] is None else f"{s['recovery_batches']:.2f}"
-        forgetting = "–" if s["forgetting"] is None else f"{100 * s['forgetting']:+.2f} points"
         out.write(
             f"{s['switches']} domain switches (dotted in the accuracy figures): {_pct(s['post_switch_accuracy'])}% "
-            f"on the first batch after one; {recovery} batches to get back to the level before it "
-            f"({s['unrecovered']} never did); forgetting on a return to a domain: {forgetting} (docs/shift.md).\n\n"
+            f"on the first batch after one. {_recovery_words(s)} {_forgetting_words(s)} (docs/shift.md)\n\n"
         )
     if o["held_out_samples"]:
         out.write(f"Held-out clients: {_pct(o['held_out_accuracy'])}% on {o['held_out_samples']} samples.\n\n")
@@ -618,3 +615,30 @@ def write_report(run_dirs: Sequence[Path] | Path | str, out: Path | None = None)
     target = Path(out) if out is not None else default_compare_dir(runs)
     regenerate = "fedrapp-report " + " ".join(str(run.path) for run in runs) + f" --out {target.resolve()}"
     return write_compare_report(runs, target, regenerate)
+
+
+def _recovery_words(s: dict) -> str:
+    """The recovery after a switch in words: how many switches got back to the level before them, and how fast."""
+    recovered = s["switches"] - s["unrecovered"]
+    if not recovered:
+        return f"None of the {s['switches']} got back to the accuracy before it."
+    mean = s["recovery_batches"]
+    speed = (
+        "each on its first batch after the switch"
+        if mean == 0
+        else f"after {mean:.2f} batches on average (0: the first batch after it)"
+    )
+    left = f"; {s['unrecovered']} never did" if s["unrecovered"] else ""
+    return f"{recovered} of {s['switches']} got back to the accuracy before the switch: {speed}{left}."
+
+
+def _forgetting_words(s: dict) -> str:
+    """Forgetting on a return to a domain in words, its sign explained."""
+    if s["forgetting"] is None:
+        return "No client returned to a domain it had left."
+    points = 100 * s["forgetting"]
+    sign = "it forgot" if points > 0 else "nothing forgotten: the return was as accurate or more"
+    return (
+        f"Forgetting on a return to a domain ({s['returns']} returns; accuracy when it left minus on its return): "
+        f"{points:+.2f} points ({sign})."
+    )
