@@ -61,6 +61,25 @@ def test_no_released_update_exceeds_the_clip_and_a_small_one_is_kept_as_it_is():
     assert norm == 5.0 and np.allclose(clipped, [0.6, 0.8])
 
 
+def test_an_honest_private_upload_passes_the_norm_bound_when_its_sent_prompt_outgrew_the_plain_one():
+    """Found on the validation grid: FedAvg and FedRAPP mix noised uploads, so a sent prompt carries earlier
+    rounds' noise; an honest upload (sent + clipped update + noise) was rejected against the plain bound."""
+    from fedrapp_app.privacy.ledger import PrivacyLedger
+
+    rng = np.random.default_rng(0)
+    dim, clip_rms, z, max_norm = 15_360, 0.02, 3.0, 100.0
+    ledger = PrivacyLedger.empty(4, 1e-5, clip_rms)
+    plain = max_norm + ledger.norm_allowance(z, dim)  # the bound before the fix
+    sent = rng.normal(size=dim) * 3 * plain / math.sqrt(dim)  # a sent prompt of about 3x that norm
+    calibration = calibrate(z, clip_rms, dim, {})
+    for _ in range(20):
+        update = rng.normal(size=dim)  # far above the clip: clipped to it
+        honest = sent + clip_update(update, calibration.clip)[0] + rng.normal(scale=calibration.prompt_sigma, size=dim)
+        assert plain < np.linalg.norm(honest) <= ledger.upload_bound(max_norm, float(np.linalg.norm(sent)), z, dim)
+    assert ledger.upload_bound(max_norm, 1.0, z, dim) == plain  # never stricter than the plain bound
+    assert np.linalg.norm(sent * 2) > ledger.upload_bound(max_norm, float(np.linalg.norm(sent)), z, dim)
+
+
 def test_released_scalars_stay_in_their_public_range():
     rng = np.random.default_rng(2)
     cal = calibrate(3.0, 0.01, 10, {**BOUNDS, "v-pre": (0.0, 1.0)})

@@ -631,7 +631,8 @@ class PersonalizedPromptStrategy(Strategy):
             spent = self.privacy.record(client, float(noise))
         except ValueError as err:
             raise RejectedReply(str(err)) from None
-        return spent, max_norm + self.privacy.norm_allowance(float(noise), int(self.p0.size))
+        sent_norm = float(np.linalg.norm(self.state.sent[client]))
+        return spent, self.privacy.upload_bound(max_norm, sent_norm, float(noise), int(self.p0.size))
 
     def _note_position(self, client: int, metrics: MetricRecord | None) -> None:
         """Remember where the client's stream stands (its batch was consumed even if the upload is bad)."""

@@ -62,6 +62,12 @@ class PrivacyLedger:
         sigma = noise_multiplier * 2.0 * self.clip_rms * math.sqrt(dim) / math.sqrt(PROMPT_SHARE)
         return NORM_SIGMAS * sigma * math.sqrt(dim) + 2.0 * self.clip_rms * math.sqrt(dim)
 
+    def upload_bound(self, max_norm: float, sent_norm: float, noise_multiplier: float, dim: int) -> float:
+        """The norm a private upload may have: the plain bound, or the norm of the prompt the client was sent where
+        that is larger (the rules mix noised uploads, so a sent prompt carries noise of earlier rounds and may
+        outgrow the plain bound), plus :meth:`norm_allowance` (an honest upload is sent + clipped update + noise)."""
+        return max(max_norm, sent_norm) + self.norm_allowance(noise_multiplier, dim)
+
     def arrays(self) -> dict[str, NDArray[np.float64]]:
         """The checkpoint's arrays."""
         return {"uploads": self.uploads.copy(), "noise": self.noise.copy(), "own-weight": self.own_weight.copy()}
