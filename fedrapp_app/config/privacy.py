@@ -55,9 +55,9 @@ GROUP = Group(
         ),
         Key(
             "dp-clip",
-            0.005,
+            0.001,
             "bound on the root mean square of a client's prompt update per coordinate (the L2 clip is dp-clip x "
-            "sqrt(prompt size)); the noise scales with it",
+            "sqrt(prompt size)); the noise scales with it; chosen on validation seeds (docs/results/privacy.md)",
             minimum=0.0,
             exclusive_minimum=True,
         ),
