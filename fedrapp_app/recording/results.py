@@ -38,16 +38,21 @@ from fedrapp_app.recording.checkpoint import CLIENT_STATE_DIR, SERVER_FILE, Serv
 log = logging.getLogger("fedrapp.results")
 
 _LIBRARIES = ("fedrapp", "flwr", "torch", "transformers", "numpy", "ray", "tokenizers", "datasets")
+#: Other distributions of the same import package (Flower's pre-releases are published as ``flwr-nightly``).
+_ALSO_PUBLISHED_AS = {"flwr": ("flwr-nightly",)}
 
 
 def provenance() -> dict[str, Any]:
     """Library versions, Python, platform and the git commit of the installed ``fedrapp_app`` sources."""
-    versions = {}
+    versions: dict[str, str | None] = {}
     for lib in _LIBRARIES:
-        try:
-            versions[lib] = metadata.version(lib)
-        except metadata.PackageNotFoundError:
-            versions[lib] = None
+        versions[lib] = None
+        for name in (lib, *_ALSO_PUBLISHED_AS.get(lib, ())):
+            try:
+                versions[lib] = metadata.version(name)
+                break
+            except metadata.PackageNotFoundError:
+                continue
     return {
         "versions": versions,
         "python": sys.version.split()[0],
