@@ -840,3 +840,12 @@ def test_the_goal_report_keys_cells_by_config_not_by_label_names(tmp_path):
     assert verdicts[ours_key].gain.mean == pytest.approx(np.mean([0.549 - 0.55, 0.525 - 0.52]))
     assert verdicts[ours_key].met and not verdicts[theirs_key].met  # -0.10 vs best: met; -0.60 + ...: missed
     assert "✗" in text and "Goal met: strategy=fedrapp trust=True: 1 of 1, strategy=fedrapp: 0 of 1" in text
+
+
+def test_the_goal_report_ignores_the_privacy_budget_of_a_cell_without_dp():
+    """A cell recorded under another dp-clip default is the same cell while dp is off (found when the default moved)."""
+    from fedrapp_app.bench.goal import identity
+
+    plain = {**grid_module.DEFAULTS, "strategy": "fedavg"}
+    assert identity({**plain, "dp-clip": 0.123}) == identity(plain)
+    assert identity({**plain, "dp": True, "dp-clip": 0.123}) != identity({**plain, "dp": True})

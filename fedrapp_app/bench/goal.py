@@ -53,9 +53,15 @@ def _describe(values: Mapping[str, Any]) -> str:
     return " ".join(f"{k}={values[k]}" for k in sorted(values)) or "defaults"
 
 
+#: The budget's keys, which change nothing while ``dp`` is off (a cell recorded before a default changed keeps the old).
+_DP_BUDGET = ("dp-epsilon", "dp-delta", "dp-clip")
+
+
 def identity(config: Mapping[str, Any]) -> Identity:
-    """The cell's identity from its full config (every key; values that equal the defaults are left out)."""
-    changed = {k: v for k, v in config.items() if k not in _IGNORED and DEFAULTS.get(k, v) != v}
+    """The cell's identity from its full config (every key; values that equal the defaults are left out, and so are
+    the privacy budget's keys while dp is off)."""
+    ignored = _IGNORED | (set() if config.get("dp") else set(_DP_BUDGET))
+    changed = {k: v for k, v in config.items() if k not in ignored and DEFAULTS.get(k, v) != v}
     rule = {k: v for k, v in changed.items() if k in _RULE_KEYS}
     rule["strategy"] = config.get("strategy", DEFAULTS["strategy"])
     method = {k: v for k, v in changed.items() if k in _METHOD_KEYS}
