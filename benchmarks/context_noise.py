@@ -4,8 +4,9 @@ context coordinate, on clean renders and on the default run's shift domains, bes
 
     python benchmarks/context_noise.py            # the testbed; ~1 min on 2 CPU cores
 
-Client-level differential privacy adds noise of this kind to every uploaded prompt (docs/privacy.md: about 0.67
-per coordinate at epsilon 8 over 16 rounds, averaged over the clients a rule mixes); a model that ignores it pays
+Client-level differential privacy adds noise of this kind to every uploaded prompt (docs/privacy.md: 0.23 per
+coordinate for the testbed's shared context, 1.25 for a class-specific one, at epsilon 8 over 16 uploads, before a
+rule averages the clients); a model that ignores it pays
 little accuracy for privacy. Prints a markdown table and writes the numbers as JSON.
 """
 
