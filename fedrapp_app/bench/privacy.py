@@ -212,19 +212,22 @@ def leakage_figure(data: Sequence[Mapping[str, Any]], path: Path) -> Path:
     import matplotlib.pyplot as plt
 
     epsilons = sorted({d["epsilon"] for d in data}, key=_leak_order)
+    methods = sorted({d["method"] for d in data})
+    colours = {method: f"C{i}" for i, method in enumerate(methods)}  # one colour per method in every panel
     fig, axes = plt.subplots(1, len(ATTACKS), figsize=(3.6 * len(ATTACKS), 3.1))
     for ax, (key, (name, chance)) in zip(axes, ATTACKS.items(), strict=True):
-        for method in sorted({d["method"] for d in data}):
+        for method in methods:
             points = {d["epsilon"]: d[key] for d in data if d["method"] == method and key in d}
             xs = [i for i, e in enumerate(epsilons) if e in points]
             if xs:
-                ax.plot(xs, [points[epsilons[i]] for i in xs], marker="o", markersize=3, label=method)
+                ax.plot(xs, [points[epsilons[i]] for i in xs], marker="o", markersize=3, color=colours[method],
+                        label=method)  # fmt: skip
         ax.axhline(chance, color="grey", linestyle="--", linewidth=1, label="chance")
         ax.set_xticks(range(len(epsilons)), ["no dp" if e == "inf" else e for e in epsilons], fontsize=7)
         ax.set_title(name, fontsize=8)
         ax.set_xlabel("ε (δ = 1e-5)", fontsize=7)
         ax.tick_params(labelsize=7)
-    axes[-1].legend(fontsize=6, loc="best")
+    axes[0].legend(fontsize=6, loc="best")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
