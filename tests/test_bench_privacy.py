@@ -65,10 +65,12 @@ def test_the_report_writes_its_tables_figures_and_the_attacks(tmp_path):
     results = [{"method": "im+csc", "epsilon": e, "seed": s, "pair_auc": a, **scores}
                for e, a in (("inf", 0.9), ("8", 0.5)) for s in (0, 1)]  # fmt: skip
     leakage.write_text(json.dumps(results))
-    path = privacy.write_report(bench, tmp_path / "out", leakage)
+    other = tmp_path / "leak-more.json"
+    other.write_text(json.dumps([{**results[0], "method": "adaprompt"}]))
+    path = privacy.write_report(bench, tmp_path / "out", [leakage, other])
     text = path.read_text()
     assert "| im+csc | no dp | 0.90 ± 0.00 |" in text and "| im+csc | 8 | 0.50 ± 0.00 |" in text
-    assert text.index("| im+csc | no dp |") < text.index("| im+csc | 8 |")
+    assert text.index("| im+csc | no dp |") < text.index("| im+csc | 8 |") and "| adaprompt | no dp |" in text
     assert (tmp_path / "out" / "privacy-utility.png").stat().st_size > 0
     assert (tmp_path / "out" / "leakage.png").stat().st_size > 0
     assert {d["budget"] for d in json.loads((tmp_path / "out" / "privacy.json").read_text())["cells"]} == {

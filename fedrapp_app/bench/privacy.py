@@ -1,7 +1,7 @@
 """Privacy against utility from a bench's rows (issue 38): each rule's online accuracy at each privacy budget, paired
 by seed with its own non-private accuracy and with none-fed's, and the inference attacks' success against ε.
 
-    python -m fedrapp_app.bench.privacy outputs/bench/privacy --leakage outputs/upload_leakage.json \\
+    python -m fedrapp_app.bench.privacy outputs/bench/privacy --leakage outputs/leak_imcsc.json \\
         --out docs/results/privacy
 
 A cell's **budget** is what its config says about ``dp`` (``off``; else ε, ``∞`` for the clip alone, and the clip
@@ -10,7 +10,7 @@ does (``bench/goal.py``), so grids that label their axes differently land in the
 option within ``GOAL_DROP`` points of its own non-private accuracy at ε = ``GOAL_EPSILON`` and still above none-fed
 (non-private; none-fed under dp predicts with the client's exact prompt, so it is the same). Writes ``privacy.md``
 (a table per setting and method, the goal's verdicts), ``privacy.json`` and ``privacy-utility.png``; with
-``--leakage`` (``benchmarks/upload_leakage.py``'s JSON) also ``leakage.png`` and its table.
+``--leakage`` (``benchmarks/upload_leakage.py``'s JSON files) also ``leakage.png`` and its table.
 """
 
 from __future__ import annotations
@@ -234,8 +234,11 @@ def leakage_figure(data: Sequence[Mapping[str, Any]], path: Path) -> Path:
     return path
 
 
-def write_report(bench_dir: str | Path, out_dir: str | Path, leakage: str | Path | None = None) -> Path:
-    """Write ``privacy.md``, ``privacy.json`` and the figures into ``out_dir``; returns the markdown's path."""
+def write_report(
+    bench_dir: str | Path, out_dir: str | Path, leakage: str | Path | Sequence[str | Path] | None = None
+) -> Path:
+    """Write ``privacy.md``, ``privacy.json`` and the figures into ``out_dir``; returns the markdown's path.
+    ``leakage``: one or several JSON files of ``benchmarks/upload_leakage.py`` (their results together)."""
     rows = read_rows(bench_dir)
     if not rows:
         raise SystemExit(f"{bench_dir}: no finished cell (run the grid first: python -m fedrapp_app.bench ...)")
@@ -260,13 +263,14 @@ def write_report(bench_dir: str | Path, out_dir: str | Path, leakage: str | Path
         tables,
     ]
     payload: dict[str, Any] = {"bench": str(bench_dir), "cells": data}
-    if leakage is not None:
-        table, leaks = leakage_table(json.loads(Path(leakage).read_text()))
+    if leakage:
+        files = [leakage] if isinstance(leakage, str | Path) else list(leakage)
+        table, leaks = leakage_table([r for f in files for r in json.loads(Path(f).read_text())])
         leakage_figure(leaks, out / "leakage.png")
         parts += [
             "## What an upload leaks",
             "",
-            f"From `{leakage}`.",
+            "From " + ", ".join(f"`{f}`" for f in files) + ".",
             "",
             table,
             "",
@@ -283,7 +287,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0], allow_abbrev=False)
     parser.add_argument("bench_dir", type=Path, help="a bench output folder (its cells.jsonl)")
     parser.add_argument("--out", type=Path, required=True, help="folder for privacy.md, privacy.json, figures")
-    parser.add_argument("--leakage", type=Path, help="benchmarks/upload_leakage.py's JSON")
+    parser.add_argument("--leakage", type=Path, nargs="+", help="benchmarks/upload_leakage.py's JSON file(s)")
     args = parser.parse_args(argv)
     print(write_report(args.bench_dir, args.out, args.leakage))
     return 0
