@@ -37,6 +37,22 @@ def accuracy(
     return float((logits.argmax(-1).cpu().numpy() == labels).mean())
 
 
+def dp_noise(dim: int, epsilon: float = 8.0, uploads: int = 16, scalars: int = 2) -> dict[str, float]:
+    """The noise dp adds to one release (docs/privacy.md) at the default clip: per prompt coordinate and per scalar
+    of range 1, for a prompt of ``dim`` numbers and ``scalars`` released scalars."""
+    from fedrapp_app.config import DEFAULTS
+    from fedrapp_app.privacy.accountant import noise_for_budget
+    from fedrapp_app.privacy.mechanism import calibrate
+
+    z = noise_for_budget(epsilon, DEFAULTS["dp-delta"], uploads)
+    calibration = calibrate(z, DEFAULTS["dp-clip"], dim, {f"s{i}": (0.0, 1.0) for i in range(scalars)})
+    return {
+        "noise_multiplier": z,
+        "prompt_sigma": calibration.prompt_sigma,
+        "scalar_sigma": calibration.scalar_sigma["s0"],
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", default="testbed")
@@ -56,6 +72,12 @@ def main() -> None:
     for name, params in (("shared context", {}), ("class-specific context", {"csc": True})):
         blocks = make_method("adaprompt", params).initial_prompt(pclip)
         scale = float(torch.cat([b.flatten() for b in blocks]).pow(2).mean().sqrt())
+        dim = sum(b.numel() for b in blocks)
+        for epsilon in (8.0, 1.0):
+            noise = dp_noise(dim, epsilon)
+            print(f"{name} ({dim} numbers), dp at epsilon {epsilon:g} over 16 uploads: noise multiplier "
+                  f"{noise['noise_multiplier']:.2f}, {noise['prompt_sigma']:.3f} per coordinate, "
+                  f"{noise['scalar_sigma']:.1f} per scalar of range 1 (two scalars)")  # fmt: skip
         generator = torch.Generator().manual_seed(args.seed)
         for sigma in SIGMAS:
             row = {"context": name, "context_rms": scale, "sigma": sigma}

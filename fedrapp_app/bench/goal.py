@@ -70,7 +70,7 @@ def identity(config: Mapping[str, Any]) -> Identity:
     return Identity(_describe(setting), _describe(method), _describe(rule))
 
 
-def _names(rows: Sequence[Mapping[str, Any]]) -> dict[str, str]:
+def display_names(rows: Sequence[Mapping[str, Any]]) -> dict[str, str]:
     """A display name for each setting, method and rule text: a grid label that names it (the first seen), else
     the text itself."""
     names: dict[str, str] = {}
@@ -240,7 +240,7 @@ def write_report(bench_dir: str | Path, out_dir: str | Path | None = None) -> Pa
         raise ValueError(f"{bench_dir}: no finished cell")
     out = Path(out_dir) if out_dir else Path(bench_dir) / "goal"
     out.mkdir(parents=True, exist_ok=True)
-    names = _names(rows)
+    names = display_names(rows)
     text, verdicts = goal_tables(collect(rows), names)
     figures = gain_figures(verdicts, names, out)
     unnamed = sorted({i for i in {identity(r["full_config"]).setting for r in rows} if i not in names})

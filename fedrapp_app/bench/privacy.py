@@ -23,7 +23,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from fedrapp_app.bench.goal import Identity, _names, identity
+from fedrapp_app.bench.goal import Identity, display_names, identity
 from fedrapp_app.bench.rows import read_rows, write_text_atomic
 from fedrapp_app.bench.schema import SEED_AXIS
 from fedrapp_app.bench.stats import Stat, mean_std
@@ -76,12 +76,12 @@ def collect(rows: Sequence[Mapping[str, Any]]) -> dict[tuple[Identity, str], dic
 
 
 def names_of(rows: Sequence[Mapping[str, Any]]) -> dict[str, str]:
-    """A display name for each setting, method and rule text: a grid label that names it (``goal._names``, on the
+    """A display name for each setting, method and rule text: a grid label that names it (``goal.display_names``, on the
     configs without their privacy keys)."""
     stripped = [
         {**row, "full_config": {k: v for k, v in row["full_config"].items() if k not in PRIVACY_KEYS}} for row in rows
     ]
-    return _names(stripped)
+    return display_names(stripped)
 
 
 def paired(a: Mapping[int, float], b: Mapping[int, float]) -> Stat:
@@ -133,7 +133,7 @@ def privacy_tables(collected: Mapping[tuple[Identity, str], Mapping[int, float]]
             if rule == TRUST and GOAL_EPSILON in by_budget and own and none_fed:
                 drop, above = paired(by_budget[GOAL_EPSILON], own), paired(by_budget[GOAL_EPSILON], none_fed)
                 holds = [b for b in budgets if b != OFF and b in by_budget and _goal(by_budget[b], own, none_fed)]
-                met = drop.mean >= -GOAL_DROP / 100 and above.mean > 0
+                met = _goal(by_budget[GOAL_EPSILON], own, none_fed)
                 verdicts.append(
                     f"| {name} | {drop.format(signed=True)} | {above.format(signed=True)} | {'yes' if met else 'no'} "
                     f"| {', '.join(holds) or 'none'} |"
