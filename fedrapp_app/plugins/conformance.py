@@ -155,9 +155,10 @@ class _RuleRun:
         self.sent = self.memory.copy()
         self.state: dict[str, np.ndarray] = {}
 
-    def inputs(self, absent: Sequence[int] = ()) -> dict[str, Any]:
-        """The next round's inputs: uploads near each client's sent prompt; ``absent`` clients do not reply."""
-        x = synthetic_round(self.rng, self.n, self.d)
+    def inputs(self, absent: Sequence[int] = (), *, others_reply: bool = False) -> dict[str, Any]:
+        """The next round's inputs: uploads near each client's sent prompt; ``absent`` clients do not reply, nor
+        (unless ``others_reply``) a random share of the others."""
+        x = synthetic_round(self.rng, self.n, self.d, reply_prob=1.0 if others_reply else 0.7)
         replied = x["replied"].copy()
         replied[list(absent)] = False
         if not replied.any():
@@ -309,7 +310,9 @@ def rule_checks(target: Target, params: Mapping[str, Any] | None = None, *, clie
     def check_client_order() -> None:
         run = _RuleRun(bound(), clients, dim, seed)
         run.step(run.inputs(absent=[1]))  # a history (memories, state) that differs per client
-        inputs = run.inputs(absent=[0])
+        # All but one reply: with few replies a rule that picks one upload faces an exact tie that no order of
+        # the clients can break (Krum with f = 1 and at most 4 replies: the closest pair scores the same).
+        inputs = run.inputs(absent=[0], others_reply=True)
         straight = call_rule(run.bound, inputs, run.state)
         order = np.random.default_rng(seed + 1).permutation(clients)
         shuffled_bound = BoundRule(name, found_rule, _permuted_params(run.bound.params, order))
