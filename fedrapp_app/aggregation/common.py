@@ -68,16 +68,15 @@ class Diagnostics:
     xi: NDArray[np.float64] | None = None
     trust_memory: NDArray[np.float64] | None = None
     trust_peers: NDArray[np.float64] | None = None
-    trust_global: NDArray[np.float64] | None = None
 
 
 #: What a rule may send a client it has never seen (``Rule.newcomer``).
 NEWCOMER_PROMPTS = ("sent", "memory-mean")
 
 #: The ``RoundOutput.state`` entries the strategy sends each client as prompts to score beside its own (FedRAPP's
-#: probes): the paper's prompt, and the federation's mean (the trust option's third candidate).
-PROBE, GLOBAL_PROBE = "probe", "probe-global"
-PROBES = (PROBE, GLOBAL_PROBE)
+#: probes): the paper's prompt, which the trust option's peer trust reads.
+PROBE = "probe"
+PROBES = (PROBE,)
 #: ``RoundOutput.state`` entries named ``payload.NAME`` [N, ...] float32 are sent too: row i to client i, as array
 #: ``NAME`` of the train message's ``"payload"`` ArrayRecord, which its method receives (``LocalMethod.receive``)
 #: before it adapts. What a rule sends a client besides a prompt (Latte: the prototypes of its most similar peers).

@@ -35,8 +35,6 @@ import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
 from fedrapp_app.aggregation.common import (
-    GLOBAL_PROBE,
-    NON_NEGATIVE,
     PROBE,
     UNIT,
     Diagnostics,
@@ -57,10 +55,6 @@ class TrustParams(FedRAPPParams):
 
     trust_memory_target: float = param(0.275, UNIT, "ours: win share at the middle of the memory trust's ramp")
     trust_peer_target: float = param(0.15, UNIT, "ours: win share at which the peer trust holds")
-    # --- exploration (issue 34): the federation's mean as a third candidate; 0 = off
-    trust_global_target: float = param(0.0, UNIT, "ours: win share of the federation's mean at the middle of its ramp")
-    trust_global_pool: float = param(4.0, NON_NEGATIVE, "ours: pseudo-rounds at the federation's share")
-    trust_global_info: float = param(0.0, UNIT, "ours: the global trust's evidence: 0 the vote, 1 the information")
 
 
 #: Width w of the memory trust's ramp: 0 below a win share of ρ_m − w/2, 1 above ρ_m + w/2.
@@ -75,7 +69,6 @@ EVIDENCE_RTOL = 1e-6
 #: [N, d] (:data:`~fedrapp_app.aggregation.common.PROBE`).
 MEMORY, PEERS = "trust-memory", "trust-peers"
 WINS, ROUNDS = "trust-memory-wins", "trust-memory-rounds"
-GLOBAL, GLOBAL_WINS, GLOBAL_ROUNDS = "trust-global", "trust-global-wins", "trust-global-rounds"
 
 
 @dataclass(frozen=True)
@@ -85,9 +78,9 @@ class OwnPromptReports:
     ``h_own``: its mean prediction entropy; ``hm_pre`` / ``hm_own``: the entropy of the batch-mean prediction of
     the sent and of the own prompt; ``v_pre`` / ``v_own``: the neighbour votes for the sent and the own prompt
     where the two disagree (shares of the batch, in [0, 1]); ``h_probe`` / ``hm_probe``: the probe's entropies,
-    ``v_probe`` / ``v_own_probe`` the votes in its contest with the own prompt; ``*_global``: the same for the
-    global probe (the federation's mean); ``dp_sigma_vote`` / ``dp_sigma_entropy``: under dp, the noise std of a
-    released vote and entropy (NaN or 0 without dp): a gap the noise could make is no evidence.
+    ``v_probe`` / ``v_own_probe`` the votes in its contest with the own prompt; ``dp_sigma_vote`` /
+    ``dp_sigma_entropy``: under dp, the noise std of a released vote and entropy (NaN or 0 without dp): a gap the
+    noise could make is no evidence.
     """
 
     h_own: NDArray[np.float64]
@@ -99,10 +92,6 @@ class OwnPromptReports:
     hm_probe: NDArray[np.float64]
     v_probe: NDArray[np.float64]
     v_own_probe: NDArray[np.float64]
-    h_global: NDArray[np.float64]
-    hm_global: NDArray[np.float64]
-    v_global: NDArray[np.float64]
-    v_own_global: NDArray[np.float64]
     dp_sigma_vote: NDArray[np.float64]
     dp_sigma_entropy: NDArray[np.float64]
 
@@ -241,33 +230,6 @@ def previous_probes(state: Mapping[str, ArrayLike] | None, sent32: NDArray[np.fl
     return probes
 
 
-def global_trust(
-    evidence: NDArray[np.float64],
-    replied: NDArray[np.bool_],
-    state: Mapping[str, ArrayLike] | None,
-    target: float,
-    pool: float,
-) -> dict[str, NDArray[np.float64]]:
-    """The global trusts [N] after this round's ``evidence`` (+1: the federation's mean beat the own prompt, −1: it
-    lost, 0: no contest) and their counts: the ramp (width :data:`MEMORY_RAMP`, middle ``target``) of each client's
-    win share pooled with ``pool`` pseudo-rounds at all clients' share; clients that did not reply keep theirs."""
-    n = replied.shape[0]
-    wins, rounds = _state_vector(state, GLOBAL_WINS, n, 0.0), _state_vector(state, GLOBAL_ROUNDS, n, 0.0)
-    before = _state_vector(state, GLOBAL, n, 0.0, high=1.0)
-    wins, rounds = wins + (evidence > 0), rounds + (evidence != 0)
-    prior = float(np.clip(target - MEMORY_RAMP / 2, 0.0, 1.0))
-    share = pooled_win_share(wins, rounds, prior, pool)
-    trust = np.where(replied, np.clip((share - target) / MEMORY_RAMP + 0.5, 0.0, 1.0), before)
-    return {GLOBAL: trust, GLOBAL_WINS: wins, GLOBAL_ROUNDS: rounds}
-
-
-def federation_mean(x) -> NDArray[np.float64]:
-    """FedAvg's prompt of the round [d]: the example-weighted mean of the replies' uploads (zeros with none)."""
-    weights = np.where(x.replied, x.num_examples, 0.0)
-    total = float(weights.sum())
-    return (weights @ x.tuned) / total if total > 0 else np.zeros(x.tuned.shape[1])
-
-
 # --------------------------------------------------------------------------------------------- a round
 def trusted_prompts(
     s: PaperSteps, t: NDArray[np.float64], u: NDArray[np.float64]
@@ -318,26 +280,7 @@ def trusted_round(
 
     personalized, gamma = trusted_prompts(s, t, u)
     probes = keep_rows(s.personalized, previous_probes(state, x.sent32), absent)  # the paper's prompts
-    extra: dict[str, NDArray] = {}
-    if p.trust_global_target > 0:  # exploration: the federation's mean as a third candidate
-        if not p.trust_global_info:
-            gap = np.nan_to_num(own.v_global - own.v_own_global)
-            ev = np.where(x.replied & np.isfinite(own.v_global) & (np.abs(gap) > noise_floor(own.dp_sigma_vote, 2)),
-                          np.sign(gap), 0.0)  # fmt: skip
-        else:
-            info = information_evidence(own.h_global, own.hm_global, own, x.replied)
-            ev = np.where(np.isfinite(own.h_global), info, 0.0)
-        extra = global_trust(ev, x.replied, state, p.trust_global_target, p.trust_global_pool)
-        g = extra[GLOBAL][:, None]
-        mean = federation_mean(x)
-        personalized = np.where(g > 0, (1.0 - g) * personalized + g * mean[None, :], personalized)
-        extra[GLOBAL_PROBE] = np.broadcast_to(mean.astype(np.float32), x.sent32.shape).copy()
     own_weight = memory_own_weight(x, t * s.mu, gamma)  # K_i holds P̃_i at 1 − t_i·μ_i, the mix K_i at 1 − u_i·γ_i
-    if GLOBAL in extra:
-        g = extra[GLOBAL]
-        own_weight = (1.0 - g) * own_weight + g * np.where(x.replied, x.num_examples, 0.0) / max(
-            float(np.where(x.replied, x.num_examples, 0.0).sum()), 1e-12
-        )
     return RoundOutput(
         memory=s.memory,
         personalized=keep_rows(personalized, x.sent32, absent),  # step 7: absent clients are sent what they were
@@ -350,9 +293,8 @@ def trusted_round(
             gamma,
             trust_memory=t,
             trust_peers=u,
-            trust_global=extra.get(GLOBAL),
         ),
-        state={**trusts, PROBE: probes, **extra},
+        state={**trusts, PROBE: probes},
         own_weight=own_weight,
     )
 

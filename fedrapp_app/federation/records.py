@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 import numpy as np
 from flwr.app import Array, ArrayRecord, RecordDict
 
-from fedrapp_app.aggregation.common import GLOBAL_PROBE, PROBE, PROBES  # noqa: F401 - PROBES: the wire's names
+from fedrapp_app.aggregation.common import PROBE, PROBES  # noqa: F401 - PROBES: the wire's names
 from fedrapp_app.metrics.calibration import Bins, bins_from_metrics
 
 PROMPT = "prompt"
@@ -48,7 +48,7 @@ NOTES = "notes"  # optional ConfigRecord of a train reply: text for the results 
 DP_SIGMAS = ("dp-sigma-vote", "dp-sigma-entropy")
 #: Optional ArrayRecords of a train message (a rule's probes, ``aggregation.common.PROBES``): prompts to score
 #: beside the own prompt; each one's scores come back as ``h-<x>``, ``hm-<x>``, ``v-<x>``, ``v-own-<x>``.
-PROBE_METRICS = {PROBE: "probe", GLOBAL_PROBE: "global"}
+PROBE_METRICS = {PROBE: "probe"}
 
 #: Metrics the server rule reads; everything else in a reply's metrics is for reporting only.
 RULE_METRICS = ("client-id", "h-pre", "h-post", "num-examples")
@@ -126,10 +126,6 @@ class Upload:
     hm_probe: float | None = None  # entropy of the probe's batch-mean prediction
     v_probe: float | None = None  # neighbour vote for the probe against the own prompt, in [0, 1]
     v_own_probe: float | None = None  # the same for the own prompt
-    h_global: float | None = None  # the same four for the global probe (the federation's mean), when sent
-    hm_global: float | None = None
-    v_global: float | None = None
-    v_own_global: float | None = None
     dp_sigma_vote: float | None = None  # under dp: the noise std of a released vote (public)
     dp_sigma_entropy: float | None = None  # the same for an entropy
     payload: dict[str, np.ndarray] | None = None  # arrays uploaded beside the prompt (validated; None: none)

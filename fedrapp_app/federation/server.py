@@ -143,8 +143,6 @@ def _row(row: ClientRow, report: RoundReport) -> dict[str, Any]:
         )
         if d.trust_memory is not None and d.trust_peers is not None:  # FedRAPP's trust option (ours)
             out.update(trust_memory=float(d.trust_memory[c]), trust_peers=float(d.trust_peers[c]))
-        if d.trust_global is not None:
-            out["trust_global"] = float(d.trust_global[c])
         if rest > 0:
             out["peer_weights_rest"] = rest
     out["client_metrics"] = report_metrics

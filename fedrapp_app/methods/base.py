@@ -188,8 +188,7 @@ class OwnScore:
 
 @dataclass(frozen=True)
 class ProbeScore:
-    """A probe (a prompt the server sent to score: the paper's prompt, the federation's mean) against the own one
-    on this batch."""
+    """A probe (a prompt the server sent to score: the paper's prompt) against the own one on this batch."""
 
     h_probe: float  # mean prediction entropy of the probe
     hm_probe: float  # entropy of its batch-mean prediction

@@ -20,7 +20,6 @@ from typing import Any
 
 from fedrapp_app.aggregation import find_rule, make_params, make_rule, rules
 from fedrapp_app.aggregation.common import (
-    GLOBAL_PROBE,
     NEWCOMER_PROMPTS,
     PAYLOAD_PREFIX,
     PROBE,
@@ -138,7 +137,6 @@ __all__ = [
     "param",
     "parse_assignments",
     # a server rule
-    "GLOBAL_PROBE",
     "NEWCOMER_PROMPTS",
     "PAYLOAD_PREFIX",
     "PROBE",
