@@ -14,6 +14,7 @@ from fedrapp_app.federation.client import app as client_app
 from fedrapp_app.federation.inprocess import InProcessGrid
 from fedrapp_app.federation.records import PROBE, PROMPT, flatten, record_to_prompt
 from fedrapp_app.federation.server import run_server
+from fedrapp_app.recording.results import comparable_rows  # noqa: F401 - the tests import it from here
 
 
 def small_run(model_dir: Path, out_dir: Path, **overrides: Any) -> dict[str, Any]:
@@ -149,20 +150,3 @@ def read_rows(run_dir: str | Path) -> list[dict[str, Any]]:
 def reply_with(message: Message, content) -> Message:
     """A reply to ``message`` carrying ``content`` (for ClientApp wrappers that tamper with replies)."""
     return Message(content, reply_to=message)
-
-
-def comparable_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Rows without what legitimately differs between two runs (timings, process and node ids, where a client
-    ran: host, Ray node, device)."""
-    out = []
-    for r in rows:
-        r = dict(r)
-        for key in ("node", "round_seconds", "aggregate_seconds", "server_seconds", "host", "ray_node", "device"):
-            r.pop(key, None)
-        r["client_metrics"] = {
-            k: v
-            for k, v in r.get("client_metrics", {}).items()
-            if not k.startswith("t-") and k not in ("pid", "model-loaded", "state-rebuilt")
-        }
-        out.append(r)
-    return out

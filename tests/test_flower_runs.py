@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pytest
 
+from fedrapp_app.recording.phases import PHASES
 from fedrapp_app.running.launch import (
     contained_env,
     free_port,
@@ -68,12 +69,25 @@ def _fedrapp_sim(args: list[str], flwr_home: Path) -> subprocess.CompletedProces
 
 
 def test_flwr_run_via_launcher_completes_and_writes_results(testbed_tiny, tmp_path):
+    """... and accounts for the wall time it took, phase by phase (launch.json, the report, its last lines)."""
     config = small_run(testbed_tiny, tmp_path / "out", **{"num-rounds": 2})
+    began = time.time()
     done = _fedrapp_sim(["-c", _as_overrides(config)], tmp_path / "flwr-home")
+    waited = time.time() - began
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     summary = json.loads((tmp_path / "out" / "run" / "summary.json").read_text())
     assert summary["rounds"] == 2 and summary["samples"] == 96
     assert "online accuracy micro" in done.stdout
+    launch = json.loads((tmp_path / "out" / "run" / "launch.json").read_text())
+    assert [p["phase"] for p in launch["phases"]] == list(PHASES)  # every phase, the server's on the same clock
+    assert launch["seconds"] == pytest.approx(sum(p["seconds"] for p in launch["phases"]), abs=0.01)
+    assert waited - 2.0 < launch["seconds"] <= waited + 0.1  # what the command took, but Python's exit
+    rounds = next(p["seconds"] for p in launch["phases"] if p["phase"] == "rounds")
+    assert rounds == pytest.approx(summary["seconds"] - summary["setup_seconds"], abs=0.01)
+    assert f"{launch['seconds']:.1f} s wall: checks " in done.stdout
+    assert "asking 3 SuperNode(s) for their client" in done.stdout and "3 of 3 SuperNode(s) answered" in done.stdout
+    page = (tmp_path / "out" / "run" / "report" / "report.md").read_text()
+    assert "### What the command waited for (fedrapp-sim)" in page and "| registration |" in page
 
 
 def test_launcher_reports_a_failed_run_and_refuses_a_bad_config(testbed_tiny, tmp_path):

@@ -2,9 +2,22 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
 
 from fedrapp_app.config.keys import Group, Key, Scalar, problem
+
+#: Set by fedrapp-sim to the number of SuperNodes it asked Flower's simulation for: all of them are registered
+#: before the ServerApp starts, so with num-clients = 0 the count is final once it reaches this number (no settle).
+EXPECTED_NODES_ENV = "FEDRAPP_EXPECTED_NODES"
+
+
+def expected_nodes() -> int:
+    """The SuperNodes fedrapp-sim started (:data:`EXPECTED_NODES_ENV`); 0 when unknown (plain flwr run, deployment)."""
+    try:
+        return max(0, int(os.environ.get(EXPECTED_NODES_ENV, "0")))
+    except ValueError:
+        return 0
 
 
 def check(v: Mapping[str, Scalar]) -> list[str]:

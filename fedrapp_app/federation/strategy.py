@@ -35,6 +35,7 @@ from flwr.serverapp.strategy import Strategy
 
 from fedrapp_app.aggregation import check_output, make_rule
 from fedrapp_app.aggregation.common import PAYLOAD_PREFIX, PROBES, RoundOutput
+from fedrapp_app.config.deployment import expected_nodes
 from fedrapp_app.federation.errors import clean_reason, describe
 from fedrapp_app.federation.population import Population, newcomer_prompt
 from fedrapp_app.federation.records import (
@@ -149,15 +150,18 @@ def count_nodes(grid: Grid, min_nodes: int, timeout: float, settle: float = NODE
     are there and their number has not changed for ``settle`` seconds (bounded by ``timeout``).
 
     In simulation that is the simulation's ``num-supernodes``; in deployment, the nodes started before the run.
+    Under fedrapp-sim the count is final as soon as it reaches the SuperNodes the launcher started
+    (:func:`expected_nodes`).
     """
     deadline = time.monotonic() + timeout
     needed = max(min_nodes, 1)
+    known = expected_nodes()
     count, since = -1, time.monotonic()
     while True:
         now = len(list(grid.get_node_ids()))
         if now != count:
             count, since = now, time.monotonic()
-        if count >= needed and time.monotonic() - since >= settle:
+        if count >= needed and (time.monotonic() - since >= settle or (known and count >= known)):
             break
         if time.monotonic() > deadline:
             if count >= 1:
@@ -313,7 +317,14 @@ class PersonalizedPromptStrategy(Strategy):
             )
             for n in unknown
         ]
+        log.info(
+            "asking %d SuperNode(s) for their client; their ClientApps start now (the first time: imports, the "
+            "model and the data, seconds) ...",
+            len(queries),
+        )
+        asked = time.monotonic()
         replies = grid.send_and_receive(queries, timeout=timeout or self.node_wait_timeout)
+        log.info("%d of %d SuperNode(s) answered in %.1f s", len(replies), len(queries), time.monotonic() - asked)
         node_of_query = {q.metadata.message_id: q.metadata.dst_node_id for q in queries}  # ids set by the push
         answered: dict[int, str | None] = {}  # node -> failure reason (None = registered)
         for reply in replies:

@@ -125,6 +125,23 @@ STATUS_WORDS = {
 }
 
 
+def comparable_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Rows without what legitimately differs between two runs (timings, process and node ids, where a client
+    ran: host, Ray node, device)."""
+    out = []
+    for r in rows:
+        r = dict(r)
+        for key in ("node", "round_seconds", "aggregate_seconds", "server_seconds", "host", "ray_node", "device"):
+            r.pop(key, None)
+        r["client_metrics"] = {
+            k: v
+            for k, v in r.get("client_metrics", {}).items()
+            if not k.startswith("t-") and k not in ("pid", "model-loaded", "state-rebuilt")
+        }
+        out.append(r)
+    return out
+
+
 def progress_counts(rows: list[dict[str, Any]]) -> str:
     """``"6 of 8 ok, 1 dropped, 1 not yet joined"``: the round's rows by status (every client it concerned)."""
     counts = Counter(str(r["status"]) for r in rows)

@@ -320,6 +320,30 @@ def _time_section(w: WallTime) -> str:
     )
 
 
+def _launch_section(launch: dict | None) -> str:
+    """The fedrapp-sim command's phases (``launch.json``): what the user waited, startup included."""
+    if not launch:
+        return ""
+    phases = [p for p in launch["phases"] if isinstance(p, dict)]
+    rows = [[str(p.get("phase")), _secs(p.get("seconds")), str(p.get("what", ""))] for p in phases]
+    total = sum(float(p.get("seconds") or 0.0) for p in phases)
+    rows.append(["**total**", _secs(total), "the launcher's start to its last mark"])
+    names = [p.get("phase") for p in phases]
+    later = (
+        ""
+        if "report" in names
+        else " This report was written while the launcher ended the run: the phases after it (the status, the "
+        "stop, the report) are in `launch.json` and the launcher's last line, and `fedrapp-report` redraws this "
+        "page with them."
+    )
+    return (
+        "### What the command waited for (fedrapp-sim)\n\n"
+        "Seconds, consecutive from the moment `fedrapp-sim` started: they add up to the wall time of the command. "
+        "The server's phases (from the ServerApp's start to the results) are the ones above, placed on the "
+        "launcher's clock." + later + "\n\n" + _table(["phase", "seconds", "what"], rows) + "\n"
+    )
+
+
 def _config_section(run: Run) -> str:
     out = io.StringIO()
     out.write("## Config and provenance\n\n")
@@ -442,6 +466,7 @@ def write_run_report(run: Run, out: Path, regenerate: str) -> Path:
     if run.strategy == "fedrapp":
         page.write(_signals_section(run))
     page.write(_time_section(wall_time(run, _last_write(run))))
+    page.write(_launch_section(run.launch))
     page.write(_config_section(run))
     path = out / REPORT_FILE
     write_text_atomic(path, page.getvalue())

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from fedrapp_app.config import DATA_KEYS, DEFAULTS
+from fedrapp_app.recording.phases import read_launch
 from fedrapp_app.recording.results import SITTING_OUT
 from fedrapp_app.recording.runlock import LOCK_FILE
 
@@ -55,6 +56,8 @@ class Run:
     notes : what was read around (a cut-off last line, domains that could not be derived).
     locked : when the run's last session took the folder's lock (``.lock``'s ``started``, epoch seconds): the
         server's start, a few milliseconds after it; None without a readable ``.lock``.
+    launch : ``launch.json``, the phases of the fedrapp-sim command that ran it (``recording.phases``); None for a
+        run started otherwise.
     """
 
     path: Path
@@ -65,6 +68,7 @@ class Run:
     domains: list[str | None]
     notes: list[str] = field(default_factory=list)
     locked: float | None = None
+    launch: dict[str, Any] | None = None
 
     @property
     def name(self) -> str:
@@ -253,6 +257,7 @@ def load_run(folder: str | Path) -> Run:
         provenance = {**known, **provenance}
     rows, notes = read_rounds(rounds_path, allow_cut_tail=summary is None)
     run = Run(path, dict(config), provenance, rows, summary, domains=[], notes=notes, locked=_lock_started(path))
+    run.launch = read_launch(path)
     run.domains, note = client_domains_of(config, run.num_clients)
     if note:
         run.notes.append(note)

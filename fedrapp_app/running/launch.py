@@ -37,6 +37,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import tomllib
 import urllib.request
@@ -46,10 +47,13 @@ from pathlib import Path
 from typing import Any
 
 from fedrapp_app.config import KEY_BY_NAME, ConfigError, RunConfig, override_hint
+from fedrapp_app.config.deployment import EXPECTED_NODES_ENV
 from fedrapp_app.federation.errors import strip_ansi
+from fedrapp_app.recording.phases import Clock, launch_phases, phase_line, server_marks, write_launch
 from fedrapp_app.recording.results import clear_results, held_results
 from fedrapp_app.recording.runlock import LAUNCHER_PID_ENV, RunFolderBusy, check_free, check_not_taken, check_writable
 from fedrapp_app.running.processes import LAUNCH_ID_ENV, describe_process, marked_pids, stop_marked
+from fedrapp_app.running.stage import stage_app
 
 #: Prefix of the connection each launch adds to ``$FLWR_HOME/config.toml`` (``fedrapp-sim-<port>``: two launches
 #: sharing a Flower home never use each other's SuperLink), removed again when the launch ends.
@@ -329,10 +333,17 @@ def quiet(lines: Iterable[str]) -> Iterator[str]:
         yield line
 
 
-def _stream(process: subprocess.Popen, colour: bool) -> None:
-    """Copy the run's output to ours, line by line, without the notes of :data:`_NOISE`."""
+#: flwr run's line once the SuperLink accepted the run (the end of the ``submit`` phase).
+_SUBMITTED = re.compile(r"Successfully started run")
+
+
+def _stream(process: subprocess.Popen, colour: bool, clock: Clock | None = None) -> None:
+    """Copy the run's output to ours, line by line, without the notes of :data:`_NOISE`; mark ``submit`` on
+    ``clock`` when flwr run says the run started."""
     assert process.stdout is not None
     for line in quiet(process.stdout):
+        if clock is not None and _SUBMITTED.search(line) and not any(n == "submit" for n, _ in clock.marks):
+            clock.mark("submit")
         sys.stdout.write(line if colour else strip_ansi(line))
         sys.stdout.flush()
 
@@ -575,7 +586,7 @@ def run_seeds(args: argparse.Namespace, app_dir: Path) -> int:
         extra = f"seed={seed} run-name={_toml_string(run_dir.name)} resume={'true' if again else 'false'}"
         one = argparse.Namespace(**{**vars(args), "seeds": None, "run_config": [*args.run_config, extra]})
         print(f"fedrapp-sim: seed {seed} ({len(run_dirs)} of {len(args.seeds)}) -> {run_dir}", flush=True)
-        code = run_one(one, app_dir)
+        code = run_one(one, app_dir, Clock() if len(run_dirs) == 1 else Clock(time.time()))  # each seed's wait
         if code == 130:
             seeds = ",".join(map(str, args.seeds))
             resume_args = [*args.run_config, f"run-name={_toml_string(name)} resume=true"]
@@ -601,11 +612,13 @@ def run_seeds(args: argparse.Namespace, app_dir: Path) -> int:
     return 0
 
 
-def run_one(args: argparse.Namespace, app_dir: Path) -> int:
-    """One run: the pre-start checks, then the launch (or, with --check, nothing)."""
+def run_one(args: argparse.Namespace, app_dir: Path, clock: Clock | None = None) -> int:
+    """One run: the pre-start checks, then the launch (or, with --check, nothing). ``clock``: the phases' clock
+    (default: from this process's start; ``--seeds`` gives each seed its own)."""
     from fedrapp_app.federation.server import finished_already
     from fedrapp_app.running.preflight import PreflightError
 
+    clock = clock or Clock()
     try:
         values, config, run_dir = prepare(args, app_dir)
     except (ConfigError, PreflightError, RunFolderBusy, FileNotFoundError, OSError) as err:
@@ -634,10 +647,13 @@ def run_one(args: argparse.Namespace, app_dir: Path) -> int:
                 "nothing to resume. Raise num-rounds to run more rounds, or choose a new run-name."
             )
             return 0
-    return launch(args, app_dir, values, config, run_dir)
+    clock.mark("checks")
+    return launch(args, app_dir, values, config, run_dir, clock)
 
 
-def launch(args: argparse.Namespace, app_dir: Path, values: dict, config: RunConfig, run_dir: Path) -> int:
+def launch(
+    args: argparse.Namespace, app_dir: Path, values: dict, config: RunConfig, run_dir: Path, clock: Clock
+) -> int:
     """Start the SuperLink, run the app, report; stop every process of the run whatever happens."""
     launch_id = uuid.uuid4().hex
     home = flwr_home(args.flwr_home, app_dir)
@@ -645,6 +661,7 @@ def launch(args: argparse.Namespace, app_dir: Path, values: dict, config: RunCon
     env["FLWR_HOME"] = str(home)  # contained_env keeps an existing FLWR_HOME; --flwr-home wins over it
     env["UV_CACHE_DIR"] = os.environ.get("UV_CACHE_DIR") or str(home / "uv-cache")
     env.update({LAUNCH_ID_ENV: launch_id, LAUNCHER_PID_ENV: str(os.getpid())})
+    env[EXPECTED_NODES_ENV] = str(config.num_clients)  # the ServerApp need not wait for more SuperNodes
     if args.ray_address:  # Flower's Ray backend calls ray.init(), which joins the cluster named here
         env["RAY_ADDRESS"] = args.ray_address
     else:
@@ -653,6 +670,7 @@ def launch(args: argparse.Namespace, app_dir: Path, values: dict, config: RunCon
     port = free_port()
     connection = f"{CONNECTION}-{port}"
     added: Path | None = None
+    reporter: Reporter | None = None
     neutral = Path(tempfile.mkdtemp(prefix="fedrapp-superlink-"))
     log_path = Path(env["FLWR_HOME"]) / "superlink.log"
     forced = {"output-dir": str(run_dir.parent), "run-name": run_dir.name}
@@ -668,7 +686,9 @@ def launch(args: argparse.Namespace, app_dir: Path, values: dict, config: RunCon
             stderr=subprocess.DEVNULL,
             start_new_session=True,
         )
+        staged = stage_app(app_dir, neutral / "app")  # while the SuperLink starts: what flwr run packs, no more
         wait_healthy(port, superlink)
+        clock.mark("superlink")
         added = add_connection(env, connection, f"127.0.0.1:{port}")
         federation = (
             f"num-supernodes={config.num_clients} client-resources-num-cpus={args.cpus_per_client} "
@@ -676,7 +696,7 @@ def launch(args: argparse.Namespace, app_dir: Path, values: dict, config: RunCon
         )
         # flwr run refuses a .toml file beside k=v pairs: pass the merged config as k=v pairs.
         merged = {**values, **forced}
-        command = ["flwr", "run", str(app_dir), connection, "--stream", "--federation-config", federation]
+        command = ["flwr", "run", str(staged), connection, "--stream", "--federation-config", federation]
         command += ["-c", " ".join(f"{k}={toml_value(v)}" for k, v in merged.items())]
         cluster = f" on the Ray cluster at {args.ray_address}" if args.ray_address else ""
         print(
@@ -694,9 +714,12 @@ def launch(args: argparse.Namespace, app_dir: Path, values: dict, config: RunCon
             errors="replace",
             start_new_session=True,
         )
-        _stream(runner, colour=sys.stdout.isatty())
+        _stream(runner, colour=sys.stdout.isatty(), clock=clock)
         runner.wait()
+        clock.mark("teardown")
+        reporter = Reporter(run_dir, clock)  # writes the report while the status is read and the processes stop
         status = run_status(env, neutral, connection)
+        clock.mark("status")
     except (Interrupted, KeyboardInterrupt) as err:
         why = str(err) or "SIGINT"
         print(f"\nfedrapp-sim: {why}: stopping the run and every process it started ...", file=sys.stderr, flush=True)
@@ -712,6 +735,8 @@ def launch(args: argparse.Namespace, app_dir: Path, values: dict, config: RunCon
         return 130
     except (RuntimeError, subprocess.SubprocessError, OSError) as err:
         print(f"fedrapp-sim: {err}", file=sys.stderr)
+        if reporter is not None:
+            reporter.finish()
         return 1
     finally:
         if added is not None:  # the SuperLink is gone after this launch: so is its connection
@@ -722,7 +747,8 @@ def launch(args: argparse.Namespace, app_dir: Path, values: dict, config: RunCon
         _stop_everything(launch_id, neutral)
         for s, handler in previous.items():
             signal.signal(s, handler)
-    return report(status, run_dir, log_path)
+    clock.mark("stop")
+    return report(status, run_dir, log_path, clock, reporter)
 
 
 def _stop_everything(launch_id: str, neutral: Path) -> None:
@@ -762,12 +788,18 @@ def _interrupted_message(args: argparse.Namespace, run_dir: Path) -> str:
 RULE_FAILED = 3
 
 
-def report(status: dict, run_dir: Path, log_path: Path) -> int:
-    """Print the run's outcome from the SuperLink's status and the run folder; the exit status."""
+def report(
+    status: dict, run_dir: Path, log_path: Path, clock: Clock | None = None, reporter: Reporter | None = None
+) -> int:
+    """Print the run's outcome from the SuperLink's status and the run folder; the exit status. ``reporter``: the
+    report already being written (else it is written here); ``clock``: the phases, recorded and printed."""
     summary_path = run_dir / "summary.json"
     summary = json.loads(summary_path.read_text()) if summary_path.is_file() else None
     _print_client_errors(run_dir)
-    _write_report(run_dir)
+    (reporter or Reporter(run_dir, clock, background=False)).finish()
+    if clock is not None:
+        clock.mark("report")
+        print(f"fedrapp-sim: {_record_phases(run_dir, clock, summary)}")
     if status.get("status") != "finished:completed":
         details = (summary or {}).get("error") or status.get("status-details")
         print(
@@ -811,17 +843,52 @@ def report(status: dict, run_dir: Path, log_path: Path) -> int:
     return 1
 
 
-def _write_report(run_dir: Path) -> None:
-    """The run's report (``fedrapp-report``), when it has rows to show; never fails the run."""
-    from fedrapp_app.report import RunError, write_report
+def _record_phases(run_dir: Path, clock: Clock, summary: dict | None) -> str:
+    """Write the phases so far to ``launch.json`` (when the run folder exists); their one-line account."""
+    phases = launch_phases(clock.start, clock.marks, server_marks(summary))
+    if run_dir.is_dir():
+        try:
+            write_launch(run_dir, clock.start, phases, {"launcher_pid": os.getpid()})
+        except OSError as err:
+            print(f"fedrapp-sim: could not write the phases to {run_dir}: {err}", file=sys.stderr)
+    return phase_line(phases)
 
-    rounds = run_dir / "rounds.jsonl"
-    if not rounds.is_file() or not rounds.stat().st_size:
-        return  # nothing ran: the failure message says why
-    try:
-        print(f"fedrapp-sim: report in {write_report([run_dir])}")
-    except (RunError, OSError, ValueError) as err:
-        print(f"fedrapp-sim: no report ({err})", file=sys.stderr)
+
+class Reporter:
+    """The run's report (``fedrapp-report``), written on a thread from the moment the run ended (the launcher reads
+    the run's status and stops its processes meanwhile) or at once (``background=False``); never fails the run.
+    The phases so far go to ``launch.json`` first, so that the report shows them."""
+
+    def __init__(self, run_dir: Path, clock: Clock | None, background: bool = True) -> None:
+        self.run_dir, self.clock = run_dir, clock
+        self.lines: list[tuple[str, bool]] = []  # (line, to stderr)
+        self._thread = threading.Thread(target=self._write, name="fedrapp-report", daemon=True)
+        if background:
+            self._thread.start()
+        else:
+            self._write()
+
+    def _write(self) -> None:
+        from fedrapp_app.report import RunError, write_report
+
+        rounds = self.run_dir / "rounds.jsonl"
+        if not rounds.is_file() or not rounds.stat().st_size:
+            return  # nothing ran: the failure message says why
+        if self.clock is not None:
+            summary_path = self.run_dir / "summary.json"
+            summary = json.loads(summary_path.read_text()) if summary_path.is_file() else None
+            _record_phases(self.run_dir, self.clock, summary)
+        try:
+            self.lines.append((f"fedrapp-sim: report in {write_report([self.run_dir])}", False))
+        except (RunError, OSError, ValueError) as err:
+            self.lines.append((f"fedrapp-sim: no report ({err})", True))
+
+    def finish(self) -> None:
+        """Wait for the report and print what it said."""
+        if self._thread.is_alive():
+            self._thread.join()
+        for line, error in self.lines:
+            print(line, file=sys.stderr if error else sys.stdout)
 
 
 def _print_client_errors(run_dir: Path) -> None:

@@ -1,0 +1,146 @@
+"""The launcher's account of the wall time (``recording.phases``), its app staging (``running.stage``) and the
+settle-free node count under fedrapp-sim (``federation.strategy.count_nodes``)."""
+
+from __future__ import annotations
+
+import shutil
+import time
+from pathlib import Path
+
+import pytest
+
+from fedrapp_app.config.deployment import EXPECTED_NODES_ENV
+from fedrapp_app.federation.strategy import count_nodes
+from fedrapp_app.recording.phases import (
+    Clock,
+    launch_phases,
+    phase_line,
+    process_start,
+    read_launch,
+    server_marks,
+    write_launch,
+)
+from fedrapp_app.report import write_report
+from fedrapp_app.running.stage import packed_files, stage_app
+from fedrapp_app.testbed import world
+from fedrapp_app.testbed.tiny import make_tiny_clip
+
+from federation import run_federation, small_run
+
+ROOT = Path(__file__).resolve().parent.parent
+
+SUMMARY = {"started": 105.0, "setup_seconds": 8.0, "discovery_seconds": 6.0, "seconds": 30.0}
+LAUNCHER = [("checks", 101.0), ("superlink", 102.5), ("submit", 103.0), ("teardown", 137.0), ("stop", 138.0)]
+
+
+def test_the_phases_are_consecutive_and_add_up_to_the_wall_time():
+    phases = launch_phases(100.0, LAUNCHER, server_marks(SUMMARY))
+    assert [p["phase"] for p in phases] == [
+        "checks",
+        "superlink",
+        "submit",
+        "simulation start",
+        "server setup",
+        "registration",
+        "rounds",
+        "teardown",
+        "stop",
+    ]
+    seconds = {p["phase"]: p["seconds"] for p in phases}
+    assert seconds["simulation start"] == 2.0  # submit (103) to the ServerApp's start (105)
+    assert seconds["server setup"] == 2.0 and seconds["registration"] == 6.0  # setup 8 = 2 before discovery + 6
+    assert seconds["rounds"] == 22.0 and seconds["teardown"] == 2.0  # the summary at 135, flwr run's exit at 137
+    assert sum(p["seconds"] for p in phases) == pytest.approx(38.0)  # start 100 to the last mark 138
+    assert all(p["what"] for p in phases)
+    assert phase_line(phases).startswith("38.0 s wall: checks 1.0, superlink 1.5, submit 0.5, simulation start 2.0")
+
+
+def test_server_phases_off_the_launchers_clock_are_left_out_and_still_add_up():
+    earlier = {**SUMMARY, "started": 50.0}  # a summary of an earlier session, or another host's clock
+    phases = launch_phases(100.0, LAUNCHER, server_marks(earlier))
+    assert [p["phase"] for p in phases] == ["checks", "superlink", "submit", "teardown", "stop"]
+    assert sum(p["seconds"] for p in phases) == pytest.approx(38.0)
+    assert server_marks(None) == [] and server_marks({"started": 1.0}) == []  # a run that failed before its summary
+
+
+def test_launch_file_round_trips_and_the_process_start_is_in_the_past(tmp_path):
+    phases = launch_phases(100.0, LAUNCHER, [])
+    write_launch(tmp_path, 100.0, phases, {"launcher_pid": 7})
+    back = read_launch(tmp_path)
+    assert back["phases"] == phases and back["seconds"] == pytest.approx(38.0) and back["launcher_pid"] == 7
+    (tmp_path / "launch.json").write_text("{not json")
+    assert read_launch(tmp_path) is None
+    assert time.time() - 30 * 86400 < process_start() <= time.time()
+    clock = Clock()
+    clock.mark("checks")
+    assert clock.marks[0][1] >= clock.start
+
+
+def _app(tmp_path: Path, gitignore: str) -> Path:
+    app = tmp_path / "app"
+    app.mkdir()
+    for name in ("pyproject.toml", "client_app.py", "server_app.py", "README.md", "LICENSE"):
+        shutil.copy(ROOT / name, app / name)
+    (app / ".gitignore").write_text(gitignore)
+    (app / "pkg").mkdir()
+    (app / "pkg" / "mod.py").write_text("X = 1\n")
+    (app / "pkg" / "figure.png").write_bytes(b"\x89PNG")  # not a file type Flower packs
+    (app / "outputs" / "run").mkdir(parents=True)
+    for i in range(50):
+        (app / "outputs" / "run" / f"row{i}.json").write_text("{}")
+    (app / "outputs" / "keep.py").write_text("KEEP = 1\n")
+    (app / ".git").mkdir()
+    (app / ".git" / "config.toml").write_text("x = 1\n")
+    (app / "link.py").symlink_to(app / "pkg" / "mod.py")
+    return app
+
+
+@pytest.mark.parametrize("gitignore", ["/outputs/\n*.pyc\n", "outputs/*\n!outputs/keep.py\n"])
+def test_the_staged_app_packs_into_the_same_fab_without_the_ignored_folders(tmp_path, gitignore):
+    """``flwr run`` on the staged folder builds the very FAB it builds from the app folder (same bytes, so the
+    same hash); ignored folders are not walked, unless a negation pattern may take a file back out of one."""
+    from flwr.cli.build import build_fab_from_disk
+
+    app = _app(tmp_path, gitignore)
+    staged = stage_app(app, tmp_path / "staged")
+    assert build_fab_from_disk(staged) == build_fab_from_disk(app)
+    files = set(packed_files(app))
+    assert {"pyproject.toml", "client_app.py", "pkg/mod.py", ".gitignore"} <= files
+    assert not any(f.startswith(("outputs/run", ".git/")) or f in ("link.py", "pkg/figure.png") for f in files)
+    assert ("outputs/keep.py" in files) == gitignore.startswith("outputs/*")
+
+
+class _Grid:
+    def __init__(self, nodes: int) -> None:
+        self.nodes = nodes
+
+    def get_node_ids(self) -> list[int]:
+        return list(range(self.nodes))
+
+
+def test_node_count_under_fedrapp_sim_needs_no_settle_wait(monkeypatch):
+    monkeypatch.delenv(EXPECTED_NODES_ENV, raising=False)
+    began = time.monotonic()
+    assert count_nodes(_Grid(3), 0, timeout=30, settle=0.6) == 3
+    assert time.monotonic() - began >= 0.6  # unknown federation size: the count must hold for the settle time
+    monkeypatch.setenv(EXPECTED_NODES_ENV, "3")
+    began = time.monotonic()
+    assert count_nodes(_Grid(3), 0, timeout=30, settle=30) == 3
+    assert time.monotonic() - began < 5  # fedrapp-sim started 3 SuperNodes: all there, at once
+    monkeypatch.setenv(EXPECTED_NODES_ENV, "4")  # one still missing: the settle rule decides, as without the hint
+    began = time.monotonic()
+    assert count_nodes(_Grid(3), 0, timeout=30, settle=0.6) == 3
+    assert time.monotonic() - began >= 0.6
+
+
+def test_the_report_shows_the_commands_phases(tmp_path):
+    """A run folder with launch.json: the report's wall-time section lists each phase and their total."""
+    model = make_tiny_clip(tmp_path / "tiny", world.CLASSNAMES)
+    config = small_run(model, tmp_path / "out", **{"num-rounds": 1, "num-clients": 2})
+    run = Path(run_federation(config)[0]["run_dir"])
+    phases = launch_phases(100.0, LAUNCHER, [])
+    write_launch(run, 100.0, phases, {})
+    page = write_report([run]).read_text()
+    section = page.split("### What the command waited for (fedrapp-sim)")[1]
+    assert "| superlink | 1.5 |" in section and "| **total** | 38.0 |" in section
+    assert "were written while the launcher ended the run" not in section  # every phase is there (stop: the last)
