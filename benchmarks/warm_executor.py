@@ -2,6 +2,8 @@
 
     python benchmarks/warm_executor.py rounds --nodes 2 --rounds 8 --json warm_executor_2nodes.json
     python benchmarks/warm_executor.py rounds --nodes 8 --rounds 6 --json warm_executor_8nodes.json
+    python benchmarks/warm_executor.py rounds --nodes 2 --rounds 8 --executor all --json warm_executor_pull_2nodes.json
+    python benchmarks/warm_executor.py rounds --nodes 8 --rounds 6 --executor pull --json warm_executor_pull_8nodes.json
     python benchmarks/warm_executor.py memory --rounds 100 --json warm_executor_memory.json
     python benchmarks/warm_executor.py coldstart --json warm_executor_coldstart.json
 
@@ -24,6 +26,10 @@ The stock executor cannot be instrumented from outside; its per-message cost sho
 (medians over rounds 2+, so the random poll phases average out) and, independent of load, in the CPU time
 of each node's process tree per message (``cpu_per_message``: the SuperNode, its SuperExec and every
 ClientApp process; warm: the SuperNode, fedrapp-superexec, its worker server and workers).
+
+``--executor all`` adds the warm executor with the ServerApp pulling replies every 3 s, as Flower's own
+``send_and_receive`` does (``FEDRAPP_PULL_SECONDS=3``; ours pulls every 0.2 s on the deployment grid,
+``federation/exchange.py``), and checks that every run wrote the same rows; ``pull`` runs those two alone.
 
 ``memory``: one warm node for many rounds; the worker's resident memory after every task.
 ``coldstart``: what a stock message's fresh process pays before the app computes, phase by phase, with the
@@ -279,15 +285,37 @@ def print_run(raw: dict[str, Any], table: list[dict[str, Any]], summary: dict[st
         print(f"  {key}: {value}")
 
 
+#: ``--executor`` -> the runs it makes: (name, executor, the ServerApp's pull interval for replies or None for
+#: ours, ``federation.exchange.PULL_SECONDS``). ``warm-3s-pull``: the warm executor with the ServerApp pulling
+#: every 3 s, as Flower's own ``send_and_receive`` does (the product before issue 37).
+VARIANTS = {
+    "stock": [("stock", "stock", None)],
+    "warm": [("warm", "warm", None)],
+    "both": [("stock", "stock", None), ("warm", "warm", None)],
+    "all": [("stock", "stock", None), ("warm-3s-pull", "warm", "3"), ("warm", "warm", None)],
+    "pull": [("warm-3s-pull", "warm", "3"), ("warm", "warm", None)],
+}
+
+
 def rounds_mode(args: argparse.Namespace) -> dict[str, Any]:
+    from fedrapp_app.federation.exchange import PULL_SECONDS_ENV
+    from fedrapp_app.recording.results import comparable_rows
+
     results: dict[str, Any] = {"nodes": args.nodes, "rounds": args.rounds, "batch": args.batch, "runs": {}}
-    for executor in ("stock", "warm") if args.executor == "both" else (args.executor,):
+    rows: dict[str, list] = {}
+    for name, executor, pull in VARIANTS[args.executor]:
+        os.environ.pop(PULL_SECONDS_ENV, None)
+        if pull is not None:  # the SuperLink's environment, so the ServerApp process it starts
+            os.environ[PULL_SECONDS_ENV] = pull
         with tempfile.TemporaryDirectory(prefix=f"fedrapp-{executor}-") as folder:
             raw = loopback_run(executor, args.nodes, args.rounds, args.batch, Path(folder))
+        os.environ.pop(PULL_SECONDS_ENV, None)
+        raw["executor"] = name
+        rows[name] = comparable_rows(raw["rows"])
         table = round_table(raw)
         summary = summarize(raw, table)
         print_run(raw, table, summary)
-        results["runs"][executor] = {
+        results["runs"][name] = {
             "load": raw["load"],
             "seconds": raw["seconds"],
             "table": table,
@@ -298,6 +326,8 @@ def rounds_mode(args: argparse.Namespace) -> dict[str, Any]:
             "stats": raw["stats"],
         }
     runs = results["runs"]
+    results["rows_identical"] = all(r == next(iter(rows.values())) for r in rows.values())
+    print(f"\nrows identical across the runs (timings, pids, node ids left out): {results['rows_identical']}")
     if {"stock", "warm"} <= set(runs):
         # Flower's polls are the same in both runs; the stock run's own overhead is what its wall - client
         # exceeds the warm run's polls by (an estimate: two runs, medians over rounds 2+).
@@ -400,7 +430,9 @@ def main() -> None:
     parser.add_argument("--nodes", type=int, default=None, help="SuperNodes (rounds: 2; memory: 1)")
     parser.add_argument("--rounds", type=int, default=None, help="rounds (rounds: 8; memory: 100)")
     parser.add_argument("--batch", type=int, default=None, help="test samples per client and round (32; memory 16)")
-    parser.add_argument("--executor", choices=["both", "stock", "warm"], default="both")
+    parser.add_argument(
+        "--executor", choices=list(VARIANTS), default="both", help="all: stock, warm-3s-pull, warm; pull: the last two"
+    )
     parser.add_argument("--repeats", type=int, default=3, help="coldstart: fresh processes per case")
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args()

@@ -557,14 +557,16 @@ def test_the_launcher_names_a_process_of_the_run_that_outlives_its_stop(monkeypa
     stuck = subprocess.Popen(
         [sys.executable, "-c", "import time; time.sleep(60)"], env={**os.environ, "FEDRAPP_LAUNCH_ID": launch}
     )
-    monkeypatch.setattr(launcher, "stop_marked", lambda launch_id, cwd: [])  # as if SIGKILL had not taken it
+    # as if SIGKILL had not taken it
+    monkeypatch.setattr(launcher, "stop_marked", lambda launch_id, cwd, settle=2.0: [])
     try:
         launcher._stop_everything(launch, tmp_path / "scratch")
     finally:
         stuck.kill()
         stuck.wait()
     err = capsys.readouterr().err
-    monkeypatch.setattr(launcher, "stop_marked", lambda launch_id, cwd: 1 / 0)  # a scan that fails: say how to finish
+    # a scan that fails: say how to finish
+    monkeypatch.setattr(launcher, "stop_marked", lambda launch_id, cwd, settle=2.0: 1 / 0)
     launcher._stop_everything(launch, tmp_path / "scratch")
     err_failed = capsys.readouterr().err
     assert f"ZeroDivisionError: division by zero); they carry FEDRAPP_LAUNCH_ID={launch}" in err_failed

@@ -21,6 +21,7 @@ from fedrapp_app.data.partition import partition_indices
 from fedrapp_app.data.spec import DataSpec
 from fedrapp_app.federation.server import main as server_main
 from fedrapp_app.federation.server import run_server
+from fedrapp_app.recording.phases import Clock
 from fedrapp_app.recording.runlock import RunFolderUnwritable, check_writable
 from fedrapp_app.running import launch as launcher
 
@@ -268,6 +269,18 @@ class FakeProcess:
         return self.returncode
 
 
+class FakeRayHead(FakeProcess):
+    """The run's Ray head (``ray start --head --block``): running until it is stopped."""
+
+    def __init__(self, lines: list[str]) -> None:
+        super().__init__(lines)
+        self.returncode = None
+
+    def wait(self, timeout=None):
+        self.returncode = 0
+        return 0
+
+
 NOISY_LINES = [
     "INFO :      Starting Flower Simulation\n",
     "WARNING :   Since flwr 1.32, default simulated SuperNodes changed from 10 to 2.\n",
@@ -299,6 +312,8 @@ def fake_launch(monkeypatch, tmp_path: Path, end: str, home: Path) -> tuple[int,
     def popen(command, *args, **kwargs):
         if command[0] == "flower-superlink":
             return FakeProcess([])
+        if command[:2] == ["ray", "start"]:  # the run's own Ray head: up until stopped
+            return FakeRayHead([])
         if command[:2] == ["flwr", "run"]:
             during.append((Path(kwargs["env"]["FLWR_HOME"]) / "config.toml").read_text())
             process = FakeProcess(NOISY_LINES)
@@ -315,12 +330,12 @@ def fake_launch(monkeypatch, tmp_path: Path, end: str, home: Path) -> tuple[int,
     monkeypatch.setattr(launcher.subprocess, "Popen", popen)
     monkeypatch.setattr(launcher, "wait_healthy", lambda port, process: None)
     monkeypatch.setattr(launcher, "run_status", status)
-    monkeypatch.setattr(launcher, "_stop_everything", lambda launch_id, neutral: None)
-    monkeypatch.setattr(launcher, "report", lambda status, run_dir, log_path: 0)
+    monkeypatch.setattr(launcher, "_stop_everything", lambda launch_id, neutral, settle=2.0: None)
+    monkeypatch.setattr(launcher, "report", lambda status, run_dir, log_path, clock=None, reporter=None: 0)
     args = launcher._parser().parse_args([str(ROOT), "--flwr-home", str(home)])
     args.gpu_share = 0.0
     config = RunConfig.from_run_config({"num-clients": 2})
-    code = launcher.launch(args, ROOT, {}, config, tmp_path / "out" / "run")
+    code = launcher.launch(args, ROOT, {}, config, tmp_path / "out" / "run", Clock())
     return code, during
 
 

@@ -112,7 +112,9 @@ def test_fedrapp_sim_refuses_a_taken_folder_before_it_starts_and_overwrites_only
     before = fingerprint(run_dir)
     overrides = f"model='{tiny_model}' num-clients=2 testbed-samples=64 output-dir='{tmp_path}' run-name='run'"
     started: list[dict] = []
-    monkeypatch.setattr(launcher, "launch", lambda args, app, values, cfg, folder: started.append(fingerprint(folder)))
+    monkeypatch.setattr(
+        launcher, "launch", lambda args, app, values, cfg, folder, clock: started.append(fingerprint(folder))
+    )
 
     code, text = _sim(capsys, "-c", overrides)
     assert code == 2 and not started and "already holds the results of a finished run" in text

@@ -21,6 +21,7 @@ from flwr.serverapp import Grid, ServerApp
 from fedrapp_app.aggregation import find_rule
 from fedrapp_app.config import RESUMABLE_KEYS, ConfigError, RunConfig
 from fedrapp_app.federation.errors import describe
+from fedrapp_app.federation.exchange import send_and_collect
 from fedrapp_app.federation.population import Population
 from fedrapp_app.federation.records import OUTCOME_METRICS, Outcome
 from fedrapp_app.federation.strategy import ClientRow, PersonalizedPromptStrategy, RoundReport, count_nodes
@@ -318,7 +319,7 @@ def _run_rounds(
             break
         waited = time.monotonic()
         # No message: every sampled client's node is gone (the strategy waited node-wait-timeout for them).
-        replies = grid.send_and_receive(messages, timeout=float(config["round-timeout"])) if messages else []
+        replies = send_and_collect(grid, messages, float(config["round-timeout"])) if messages else []
         waited = time.monotonic() - waited
         strategy.aggregate_train(round_number, replies)
         report = strategy.last_report

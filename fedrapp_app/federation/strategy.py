@@ -37,6 +37,7 @@ from fedrapp_app.aggregation import check_output, make_rule
 from fedrapp_app.aggregation.common import PAYLOAD_PREFIX, PROBES, RoundOutput
 from fedrapp_app.config.deployment import expected_nodes
 from fedrapp_app.federation.errors import clean_reason, describe
+from fedrapp_app.federation.exchange import send_and_collect
 from fedrapp_app.federation.population import Population, newcomer_prompt
 from fedrapp_app.federation.records import (
     CONFIG,
@@ -323,7 +324,7 @@ class PersonalizedPromptStrategy(Strategy):
             len(queries),
         )
         asked = time.monotonic()
-        replies = grid.send_and_receive(queries, timeout=timeout or self.node_wait_timeout)
+        replies = send_and_collect(grid, queries, timeout or self.node_wait_timeout)
         log.info("%d of %d SuperNode(s) answered in %.1f s", len(replies), len(queries), time.monotonic() - asked)
         node_of_query = {q.metadata.message_id: q.metadata.dst_node_id for q in queries}  # ids set by the push
         answered: dict[int, str | None] = {}  # node -> failure reason (None = registered)

@@ -289,6 +289,23 @@ def wait_healthy(port: int, process: subprocess.Popen, timeout: float = 60.0) ->
     raise RuntimeError(f"the SuperLink did not answer on port {port} within {timeout:.0f}s")
 
 
+def start_ray_head(env: dict[str, str], cwd: Path, log: Path, temp_dir: Path) -> tuple[subprocess.Popen, str]:
+    """Start the run's own local Ray (``ray start --head --block`` on 127.0.0.1, a free port) and return it with
+    its address, for ``RAY_ADDRESS``: Flower's Ray backend then joins it (``ray.init()`` waits for it to come up)
+    instead of starting Ray itself once the simulation runs, so Ray's start overlaps the SuperLink's start and
+    flwr run's packing. Its processes carry the launch's mark and are stopped with the run's.
+
+    ``temp_dir`` is the cluster's own (short: Ray's socket paths live under it): ``ray start`` notes its
+    cluster in ``<temp dir>/ray_current_cluster``, where any later plain ``ray.init()`` sharing the folder
+    would try to join it, and hang once it is gone. The caller removes the folder after the stop."""
+    port = free_port()
+    command = ["ray", "start", "--head", "--block", "--node-ip-address=127.0.0.1", f"--port={port}"]
+    command += ["--include-dashboard=false", "--disable-usage-stats", f"--temp-dir={temp_dir}"]
+    with log.open("w") as out:
+        head = subprocess.Popen(command, cwd=cwd, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    return head, f"127.0.0.1:{port}"
+
+
 def stop_process_group(process: subprocess.Popen) -> None:
     """Stop a process started with ``start_new_session=True`` and its process group, by its PID."""
     if process.poll() is None:
@@ -676,7 +693,14 @@ def launch(
     forced = {"output-dir": str(run_dir.parent), "run-name": run_dir.name}
     previous = {s: signal.signal(s, _on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
     status: dict = {}
+    ray_head: subprocess.Popen | None = None
+    ray_temp = Path(tempfile.gettempdir()) / f"fedrapp-ray-{launch_id[:12]}"  # this run's Ray alone
+    ray_stop: threading.Thread | None = None
     try:
+        if not args.ray_address:  # Ray starts while the SuperLink starts and flwr run packs the app (seconds)
+            ray_head, env["RAY_ADDRESS"] = start_ray_head(
+                env, neutral, Path(env["FLWR_HOME"]) / "ray-head.log", ray_temp
+            )
         superlink = subprocess.Popen(
             ["flower-superlink", "--insecure", "--simulation", "--disable-runtime-dependency-installation"]
             + ["--host", "127.0.0.1", "--port", str(port), "--log-file", str(log_path)],
@@ -717,6 +741,16 @@ def launch(
         _stream(runner, colour=sys.stdout.isatty(), clock=clock)
         runner.wait()
         clock.mark("teardown")
+        if ray_head is not None:
+            if ray_head.poll() is not None:
+                print(
+                    f"fedrapp-sim: the run's Ray exited early (code {ray_head.returncode}); see "
+                    f"{Path(env['FLWR_HOME']) / 'ray-head.log'}",
+                    file=sys.stderr,
+                )
+            # The simulation is over: Ray stops (seconds, on its own SIGTERM handling) while the status is read.
+            ray_stop = threading.Thread(target=stop_process_group, args=(ray_head,), daemon=True)
+            ray_stop.start()
         reporter = Reporter(run_dir, clock)  # writes the report while the status is read and the processes stop
         status = run_status(env, neutral, connection)
         clock.mark("status")
@@ -744,18 +778,23 @@ def launch(
                 remove_connection(added, connection)
             except OSError as err:
                 print(f"fedrapp-sim: could not remove [superlink.{connection}] from {added}: {err}", file=sys.stderr)
-        _stop_everything(launch_id, neutral)
+        if ray_stop is not None:
+            ray_stop.join(timeout=30)
+        # Ray stopped on its own already (or ran elsewhere): no agent of it can start again while we stop the rest.
+        ray_gone = ray_head is None or ray_head.poll() is not None
+        _stop_everything(launch_id, neutral, settle=0.5 if ray_gone else 2.0)
+        shutil.rmtree(ray_temp, ignore_errors=True)
         for s, handler in previous.items():
             signal.signal(s, handler)
     clock.mark("stop")
     return report(status, run_dir, log_path, clock, reporter)
 
 
-def _stop_everything(launch_id: str, neutral: Path) -> None:
+def _stop_everything(launch_id: str, neutral: Path, settle: float = 2.0) -> None:
     """Every process of this launch (``processes.stop_marked``: its mark, or its working directory in the
-    launcher's scratch folder ``neutral``), then that folder."""
+    launcher's scratch folder ``neutral``; ``settle``: how long no new one may show up), then that folder."""
     try:
-        stop_marked(launch_id, cwd=neutral)
+        stop_marked(launch_id, cwd=neutral, settle=settle)
         left = marked_pids(launch_id, cwd=neutral)
         if left:  # SIGKILL cannot take a process stuck in the kernel (state D): say which, so none goes unseen
             lines = "".join(f"\n  {describe_process(pid)}" for pid in left)
