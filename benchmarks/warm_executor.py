@@ -19,8 +19,9 @@ testbed model, AdaPrompt + FedRAPP, IID, one CPU thread per client) once with ea
   the SuperLink (the SuperNode creates the task before it has the message; a fresh process arrives seconds
   later and never waits): Flower's transfer, inside ``own``; ``own_max_without_download`` leaves it out;
 * ``flower`` (warm): ``wall - client - own``: what is left is Flower's: the SuperNode's 3 s idle poll
-  before it takes the message, its 0.5 s wait for the reply, the transfers, and the ServerApp grid's 3 s
-  poll for replies. A round's wall is therefore close to a multiple of 3 s.
+  before it takes the message, its 0.5 s wait for the reply, the transfers, and the ServerApp's pull for
+  replies (every 0.2 s, ``federation/exchange.py``; Flower's own grid pulls every 3 s, ``warm-3s-pull``).
+  A round's wall is therefore at least the SuperNode's 3 s.
 
 The stock executor cannot be instrumented from outside; its per-message cost shows in ``wall - client``
 (medians over rounds 2+, so the random poll phases average out) and, independent of load, in the CPU time

@@ -194,7 +194,9 @@ def test_sigint_stops_every_process_of_the_run_and_the_resume_matches_an_uninter
     assert cut.returncode == 130, stderr[-3000:]
     assert (tmp_path / "out" / "cut" / "summary.json").is_file(), stderr[-3000:]
     interrupted = json.loads((tmp_path / "out" / "cut" / "summary.json").read_text())
-    assert interrupted["status"] == "interrupted" and interrupted["complete"] is False
+    assert interrupted["status"] == "interrupted" and interrupted["complete"] is False, (
+        f"{interrupted.get('status')}: {interrupted.get('error')}; {stderr[-2000:]}"
+    )
 
     resumed = subprocess.run(_resume_command(stderr), cwd=tempfile.gettempdir(), capture_output=True, text=True)
     assert resumed.returncode == 0, resumed.stdout[-2000:] + resumed.stderr[-2000:]

@@ -1,5 +1,5 @@
-"""The launcher's account of the wall time (``recording.phases``), its app staging (``running.stage``) and the
-settle-free node count under fedrapp-sim (``federation.strategy.count_nodes``)."""
+"""The launcher's account of the wall time (``recording.phases``), its app staging (``running.stage``), its watch
+on the run's own Ray, and the settle-free node count under fedrapp-sim (``federation.strategy.count_nodes``)."""
 
 from __future__ import annotations
 
@@ -144,3 +144,33 @@ def test_the_report_shows_the_commands_phases(tmp_path):
     section = page.split("### What the command waited for (fedrapp-sim)")[1]
     assert "| superlink | 1.5 |" in section and "| **total** | 38.0 |" in section
     assert "were written while the launcher ended the run" not in section  # every phase is there (stop: the last)
+
+
+def test_a_ray_that_dies_under_the_run_stops_flwr_run_with_its_log(tmp_path, capsys):
+    """The run's Ray exits before the run is over: flwr run is stopped (its clients would never answer) and the
+    message names Ray's exit status and the end of its log; once the run is over, Ray's exit is expected."""
+    import subprocess
+    import sys
+    import threading
+
+    from fedrapp_app.running.launch import _watch_ray
+
+    log = tmp_path / "ray-head.log"
+    log.write_text("starting\nOSError: AF_UNIX path length cannot exceed 107 bytes\n")
+    over = threading.Event()
+    for run_over in (False, True):
+        head = subprocess.Popen([sys.executable, "-c", "raise SystemExit(1)"])
+        runner = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"], start_new_session=True)
+        if run_over:
+            over.set()
+        _watch_ray(head, log, runner, over)
+        try:
+            assert (runner.wait(timeout=10) != 0) if not run_over else runner.poll() is None
+        finally:
+            runner.kill()
+            runner.wait()
+        err = capsys.readouterr().err
+        if run_over:
+            assert err == ""
+        else:
+            assert "the run's Ray stopped (exit status 1)" in err and "path length cannot exceed 107" in err

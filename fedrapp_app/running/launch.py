@@ -306,6 +306,25 @@ def start_ray_head(env: dict[str, str], cwd: Path, log: Path, temp_dir: Path) ->
     return head, f"127.0.0.1:{port}"
 
 
+def ray_failure(head: subprocess.Popen, log: Path) -> str:
+    """One message for a run's Ray that exited: its exit status and the last lines of its log."""
+    try:
+        tail = " | ".join(line.strip() for line in log.read_text(errors="replace").splitlines()[-3:] if line.strip())
+    except OSError:
+        tail = ""
+    return f"the run's Ray stopped (exit status {head.returncode}); its log {log} ends: {tail or '(empty)'}"
+
+
+def _watch_ray(head: subprocess.Popen, log: Path, runner: subprocess.Popen, run_over: threading.Event) -> None:
+    """Stop flwr run when the run's Ray exits before the run is over (its clients would never answer)."""
+    head.wait()
+    if run_over.is_set():
+        return
+    print(f"fedrapp-sim: {ray_failure(head, log)}; stopping the run", file=sys.stderr, flush=True)
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(runner.pid, signal.SIGTERM)
+
+
 def stop_process_group(process: subprocess.Popen) -> None:
     """Stop a process started with ``start_new_session=True`` and its process group, by its PID."""
     if process.poll() is None:
@@ -694,13 +713,14 @@ def launch(
     previous = {s: signal.signal(s, _on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
     status: dict = {}
     ray_head: subprocess.Popen | None = None
-    ray_temp = Path(tempfile.gettempdir()) / f"fedrapp-ray-{launch_id[:12]}"  # this run's Ray alone
+    # This run's Ray alone, under RAY_TMPDIR (short, as Ray's socket paths under it must be: not TMPDIR).
+    ray_temp = Path(env["RAY_TMPDIR"]) / f"run-{launch_id[:8]}"
+    ray_log = Path(env["FLWR_HOME"]) / "ray-head.log"
+    run_over = threading.Event()  # set once flwr run has returned: Ray may stop from then on
     ray_stop: threading.Thread | None = None
     try:
         if not args.ray_address:  # Ray starts while the SuperLink starts and flwr run packs the app (seconds)
-            ray_head, env["RAY_ADDRESS"] = start_ray_head(
-                env, neutral, Path(env["FLWR_HOME"]) / "ray-head.log", ray_temp
-            )
+            ray_head, env["RAY_ADDRESS"] = start_ray_head(env, neutral, ray_log, ray_temp)
         superlink = subprocess.Popen(
             ["flower-superlink", "--insecure", "--simulation", "--disable-runtime-dependency-installation"]
             + ["--host", "127.0.0.1", "--port", str(port), "--log-file", str(log_path)],
@@ -728,6 +748,8 @@ def launch(
             f"SuperLink pid {superlink.pid} on 127.0.0.1:{port} (log {log_path}); results in {run_dir}",
             flush=True,
         )
+        if ray_head is not None and ray_head.poll() is not None:
+            raise RuntimeError(ray_failure(ray_head, ray_log))
         runner = subprocess.Popen(
             command,
             cwd=neutral,
@@ -738,16 +760,13 @@ def launch(
             errors="replace",
             start_new_session=True,
         )
+        if ray_head is not None:  # a Ray that dies under the run would leave it waiting for its clients
+            threading.Thread(target=_watch_ray, args=(ray_head, ray_log, runner, run_over), daemon=True).start()
         _stream(runner, colour=sys.stdout.isatty(), clock=clock)
         runner.wait()
+        run_over.set()
         clock.mark("teardown")
         if ray_head is not None:
-            if ray_head.poll() is not None:
-                print(
-                    f"fedrapp-sim: the run's Ray exited early (code {ray_head.returncode}); see "
-                    f"{Path(env['FLWR_HOME']) / 'ray-head.log'}",
-                    file=sys.stderr,
-                )
             # The simulation is over: Ray stops (seconds, on its own SIGTERM handling) while the status is read.
             ray_stop = threading.Thread(target=stop_process_group, args=(ray_head,), daemon=True)
             ray_stop.start()
@@ -755,6 +774,7 @@ def launch(
         status = run_status(env, neutral, connection)
         clock.mark("status")
     except (Interrupted, KeyboardInterrupt) as err:
+        run_over.set()  # Ray is stopped on purpose from here on
         why = str(err) or "SIGINT"
         print(f"\nfedrapp-sim: {why}: stopping the run and every process it started ...", file=sys.stderr, flush=True)
         _stop_everything(launch_id, neutral)
@@ -778,6 +798,7 @@ def launch(
                 remove_connection(added, connection)
             except OSError as err:
                 print(f"fedrapp-sim: could not remove [superlink.{connection}] from {added}: {err}", file=sys.stderr)
+        run_over.set()
         if ray_stop is not None:
             ray_stop.join(timeout=30)
         # Ray stopped on its own already (or ran elsewhere): no agent of it can start again while we stop the rest.
