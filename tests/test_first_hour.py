@@ -558,7 +558,7 @@ def test_the_launcher_names_a_process_of_the_run_that_outlives_its_stop(monkeypa
         [sys.executable, "-c", "import time; time.sleep(60)"], env={**os.environ, "FEDRAPP_LAUNCH_ID": launch}
     )
     # as if SIGKILL had not taken it
-    monkeypatch.setattr(launcher, "stop_marked", lambda launch_id, cwd, settle=2.0: [])
+    monkeypatch.setattr(launcher, "stop_marked", lambda launch_id, cwd, settle=2.0, spare=(): [])
     try:
         launcher._stop_everything(launch, tmp_path / "scratch")
     finally:
@@ -566,7 +566,7 @@ def test_the_launcher_names_a_process_of_the_run_that_outlives_its_stop(monkeypa
         stuck.wait()
     err = capsys.readouterr().err
     # a scan that fails: say how to finish
-    monkeypatch.setattr(launcher, "stop_marked", lambda launch_id, cwd, settle=2.0: 1 / 0)
+    monkeypatch.setattr(launcher, "stop_marked", lambda launch_id, cwd, settle=2.0, spare=(): 1 / 0)
     launcher._stop_everything(launch, tmp_path / "scratch")
     err_failed = capsys.readouterr().err
     assert f"ZeroDivisionError: division by zero); they carry FEDRAPP_LAUNCH_ID={launch}" in err_failed

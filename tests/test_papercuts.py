@@ -331,7 +331,7 @@ def fake_launch(monkeypatch, tmp_path: Path, end: str, home: Path) -> tuple[int,
     monkeypatch.setattr(launcher, "wait_healthy", lambda port, process: None)
     monkeypatch.setattr(launcher, "_watch_ray", lambda *args: None)  # the fake Ray head never dies under the run
     monkeypatch.setattr(launcher, "run_status", status)
-    monkeypatch.setattr(launcher, "_stop_everything", lambda launch_id, neutral, settle=2.0: None)
+    monkeypatch.setattr(launcher, "_stop_everything", lambda launch_id, neutral, settle=2.0, spare=(): None)
     monkeypatch.setattr(launcher, "report", lambda status, run_dir, log_path, clock=None, reporter=None: 0)
     args = launcher._parser().parse_args([str(ROOT), "--flwr-home", str(home)])
     args.gpu_share = 0.0

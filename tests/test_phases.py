@@ -174,3 +174,33 @@ def test_a_ray_that_dies_under_the_run_stops_flwr_run_with_its_log(tmp_path, cap
             assert err == ""
         else:
             assert "the run's Ray stopped (exit status 1)" in err and "path length cannot exceed 107" in err
+
+
+def test_a_stop_can_spare_a_process_tree_for_later(tmp_path):
+    """On Ctrl-C the launcher stops Flower's processes first and the run's Ray after: ``descendants`` finds a
+    process's whole tree and ``stop_marked(spare=...)`` leaves it alone."""
+    import os
+    import subprocess
+    import sys
+    import uuid
+
+    from fedrapp_app.running.processes import descendants, marked_pids, stop_marked
+
+    mark = uuid.uuid4().hex
+    env = {**os.environ, "FEDRAPP_TEST_SPARE": mark}
+    child = "import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']); "
+    parent = subprocess.Popen([sys.executable, "-c", child + "time.sleep(60)"], env=env)
+    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], env=env)
+    try:
+        deadline = time.monotonic() + 10
+        while len(descendants(parent.pid)) < 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        tree = descendants(parent.pid)
+        assert len(tree) == 2 and parent.pid in tree and other.pid not in tree
+        stop_marked(mark, grace=2.0, variable="FEDRAPP_TEST_SPARE", settle=0.2, spare=tree)
+        assert other.wait(timeout=5) is not None and parent.poll() is None  # the spared tree still runs
+        assert set(marked_pids(mark, "FEDRAPP_TEST_SPARE")) == tree
+    finally:
+        stop_marked(mark, grace=2.0, variable="FEDRAPP_TEST_SPARE", settle=0.2)
+        parent.wait(timeout=10)
+    assert marked_pids(mark, "FEDRAPP_TEST_SPARE") == []

@@ -42,7 +42,7 @@ import time
 import tomllib
 import urllib.request
 import uuid
-from collections.abc import Iterable, Iterator
+from collections.abc import Collection, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -52,7 +52,7 @@ from fedrapp_app.federation.errors import strip_ansi
 from fedrapp_app.recording.phases import Clock, launch_phases, phase_line, server_marks, write_launch
 from fedrapp_app.recording.results import clear_results, held_results
 from fedrapp_app.recording.runlock import LAUNCHER_PID_ENV, RunFolderBusy, check_free, check_not_taken, check_writable
-from fedrapp_app.running.processes import LAUNCH_ID_ENV, describe_process, marked_pids, stop_marked
+from fedrapp_app.running.processes import LAUNCH_ID_ENV, descendants, describe_process, marked_pids, stop_marked
 from fedrapp_app.running.stage import stage_app
 
 #: Prefix of the connection each launch adds to ``$FLWR_HOME/config.toml`` (``fedrapp-sim-<port>``: two launches
@@ -777,7 +777,10 @@ def launch(
         run_over.set()  # Ray is stopped on purpose from here on
         why = str(err) or "SIGINT"
         print(f"\nfedrapp-sim: {why}: stopping the run and every process it started ...", file=sys.stderr, flush=True)
-        _stop_everything(launch_id, neutral)
+        # Flower first, the run's Ray after (in the finally below): a ServerApp that saw its Ray workers die
+        # would record the round it was in with those clients missing, and a resume would differ from a whole run.
+        ray_tree = descendants(ray_head.pid) if ray_head is not None and ray_head.poll() is None else set()
+        _stop_everything(launch_id, neutral, spare=ray_tree)
         message = _interrupted_message(args, run_dir)
         from fedrapp_app.federation.server import mark_interrupted
 
@@ -811,12 +814,13 @@ def launch(
     return report(status, run_dir, log_path, clock, reporter)
 
 
-def _stop_everything(launch_id: str, neutral: Path, settle: float = 2.0) -> None:
+def _stop_everything(launch_id: str, neutral: Path, settle: float = 2.0, spare: Collection[int] = ()) -> None:
     """Every process of this launch (``processes.stop_marked``: its mark, or its working directory in the
-    launcher's scratch folder ``neutral``; ``settle``: how long no new one may show up), then that folder."""
+    launcher's scratch folder ``neutral``; ``settle``: how long no new one may show up) but ``spare``, then that
+    folder."""
     try:
-        stop_marked(launch_id, cwd=neutral, settle=settle)
-        left = marked_pids(launch_id, cwd=neutral)
+        stop_marked(launch_id, cwd=neutral, settle=settle, spare=spare)
+        left = marked_pids(launch_id, cwd=neutral, spare=spare)
         if left:  # SIGKILL cannot take a process stuck in the kernel (state D): say which, so none goes unseen
             lines = "".join(f"\n  {describe_process(pid)}" for pid in left)
             print(f"fedrapp-sim: {len(left)} process(es) of the run outlived SIGKILL:{lines}", file=sys.stderr)
@@ -829,7 +833,8 @@ def _stop_everything(launch_id: str, neutral: Path, settle: float = 2.0) -> None
             f"grep -l {LAUNCH_ID_ENV}={launch_id} /proc/[0-9]*/environ; ls -l /proc/[0-9]*/cwd | grep {neutral}",
             file=sys.stderr,
         )
-    shutil.rmtree(neutral, ignore_errors=True)
+    if not spare:
+        shutil.rmtree(neutral, ignore_errors=True)
 
 
 def _interrupted_message(args: argparse.Namespace, run_dir: Path) -> str:

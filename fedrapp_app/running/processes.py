@@ -19,6 +19,7 @@ import contextlib
 import os
 import signal
 import time
+from collections.abc import Collection
 from pathlib import Path
 
 LAUNCH_ID_ENV = "FEDRAPP_LAUNCH_ID"
@@ -53,7 +54,26 @@ def _works_in(entry: Path, folder: str) -> bool:
     return cwd == folder or cwd.startswith(folder + "/")
 
 
-def marked_pids(launch_id: str, variable: str = LAUNCH_ID_ENV, cwd: str | Path | None = None) -> list[int]:
+def descendants(pid: int) -> set[int]:
+    """``pid`` and every live process below it (children, their children, ...), from ``/proc``."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            fields = stat_fields(entry.name)
+            if fields is not None and len(fields) > 1 and fields[1].isdigit():
+                children.setdefault(int(fields[1]), []).append(int(entry.name))
+    found, todo = {pid}, [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            if child not in found:
+                found.add(child)
+                todo.append(child)
+    return found
+
+
+def marked_pids(
+    launch_id: str, variable: str = LAUNCH_ID_ENV, cwd: str | Path | None = None, spare: Collection[int] = ()
+) -> list[int]:
     """PIDs of the live processes (other than this one) whose environment holds ``variable=launch_id`` or, given
     ``cwd`` (a run's own scratch folder), whose working directory is in it: zombies and processes gone
     since they were read are left out; a stat line without a state counts as live (signalling a gone PID is
@@ -62,7 +82,7 @@ def marked_pids(launch_id: str, variable: str = LAUNCH_ID_ENV, cwd: str | Path |
     folder = None if cwd is None else os.path.realpath(cwd)  # /proc/<pid>/cwd names the real path
     found = []
     for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid() or int(entry.name) in spare:
             continue
         if not (_has_mark(entry, needle) or (folder is not None and _works_in(entry, folder))):
             continue
@@ -84,21 +104,24 @@ def stop_marked(
     variable: str = LAUNCH_ID_ENV,
     settle: float = 2.0,
     cwd: str | Path | None = None,
+    spare: Collection[int] = (),
 ) -> list[int]:
     """Stop every process marked with ``variable=launch_id`` or working in ``cwd`` (:func:`marked_pids`):
     SIGTERM, up to ``grace`` seconds, then SIGKILL for what is left, scanning again until none has been seen for
     ``settle`` seconds: a process started meanwhile is killed when it shows up (Ray's dashboard and runtime-env
     agents were seen to outlive a stop without this, presumably restarted by the raylet while it stopped).
 
+    ``spare``: PIDs left alone (stopped later, in an order of the caller's).
+
     Returns the PIDs that had to be killed with SIGKILL. Zombies (exited, not yet reaped by their parent)
     count as stopped.
     """
-    pids = marked_pids(launch_id, variable, cwd)
+    pids = marked_pids(launch_id, variable, cwd, spare)
     _signal_all(pids, signal.SIGTERM)
     deadline = time.monotonic() + grace
     while pids and time.monotonic() < deadline:
         time.sleep(0.2)
-        pids = marked_pids(launch_id, variable, cwd)
+        pids = marked_pids(launch_id, variable, cwd, spare)
     killed: list[int] = []
     deadline = time.monotonic() + grace + settle
     quiet_since = time.monotonic()
@@ -110,7 +133,7 @@ def stop_marked(
         elif time.monotonic() - quiet_since >= settle:
             break
         time.sleep(0.2)
-        pids = marked_pids(launch_id, variable, cwd)
+        pids = marked_pids(launch_id, variable, cwd, spare)
     return killed
 
 
