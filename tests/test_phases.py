@@ -134,16 +134,17 @@ def test_node_count_under_fedrapp_sim_needs_no_settle_wait(monkeypatch):
 
 
 def test_the_report_shows_the_commands_phases(tmp_path):
-    """A run folder with launch.json: the report's wall-time section lists each phase and their total."""
+    """A run folder with launch.json: the report's wall-time section lists each phase and their total; written
+    before the launcher's last phases (as fedrapp-sim writes it), it says where those are."""
     model = make_tiny_clip(tmp_path / "tiny", world.CLASSNAMES)
     config = small_run(model, tmp_path / "out", **{"num-rounds": 1, "num-clients": 2})
     run = Path(run_federation(config)[0]["run_dir"])
-    phases = launch_phases(100.0, LAUNCHER, [])
-    write_launch(run, 100.0, phases, {})
-    page = write_report([run]).read_text()
-    section = page.split("### What the command waited for (fedrapp-sim)")[1]
-    assert "| superlink | 1.5 |" in section and "| **total** | 38.0 |" in section
-    assert "were written while the launcher ended the run" not in section  # every phase is there (stop: the last)
+    later = "This report was written while the launcher ended the run"
+    for marks, total, note in ((LAUNCHER, "38.0", True), ([*LAUNCHER, ("report", 139.0)], "39.0", False)):
+        write_launch(run, 100.0, launch_phases(100.0, marks, []), {})
+        section = write_report([run]).read_text().split("### What the command waited for (fedrapp-sim)")[1]
+        assert "| superlink | 1.5 |" in section and f"| **total** | {total} |" in section
+        assert (later in section) == note  # without the report's own phase: where the last phases are
 
 
 def test_a_ray_that_dies_under_the_run_stops_flwr_run_with_its_log(tmp_path, capsys):

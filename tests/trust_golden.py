@@ -24,6 +24,8 @@ from typing import Any
 
 import numpy as np
 
+from fedrapp_app.recording.results import comparable_rows, read_rows
+
 #: The trust option as the last commit with its knobs spells the chosen variant (issue 15's "ZKP").
 CHOSEN_KNOBS: dict[str, Any] = {
     "trust-rate": 1.0,
@@ -60,22 +62,10 @@ CELLS: dict[str, dict[str, Any]] = {
     },
 }
 
-#: Row fields that differ between two runs of the same config.
-VOLATILE = ("node", "round_seconds", "aggregate_seconds", "server_seconds", "host", "ray_node", "device")
-
 
 def stable_rows(run_dir: Path) -> list[dict[str, Any]]:
     """The rows of ``run_dir/rounds.jsonl`` without timings, hosts and process ids."""
-    rows = []
-    for line in (run_dir / "rounds.jsonl").read_text().splitlines():
-        row = {k: v for k, v in json.loads(line).items() if k not in VOLATILE}
-        row["client_metrics"] = {
-            k: v
-            for k, v in row.get("client_metrics", {}).items()
-            if not k.startswith("t-") and k not in ("pid", "model-loaded", "state-rebuilt")
-        }
-        rows.append(row)
-    return rows
+    return comparable_rows(read_rows(run_dir / "rounds.jsonl"))
 
 
 def checkpoint_digests(run_dir: Path) -> dict[str, dict[str, Any]]:

@@ -910,7 +910,7 @@ def report(
 
 def _record_phases(run_dir: Path, clock: Clock, summary: dict | None) -> str:
     """Write the phases so far to ``launch.json`` (when the run folder exists); their one-line account."""
-    phases = launch_phases(clock.start, clock.marks, server_marks(summary))
+    phases = launch_phases(clock.start, list(clock.marks), server_marks(summary))  # the report's thread reads too
     if run_dir.is_dir():
         try:
             write_launch(run_dir, clock.start, phases, {"launcher_pid": os.getpid()})
