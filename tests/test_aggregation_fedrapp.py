@@ -151,6 +151,7 @@ def test_matches_the_reference_transcription_of_spec(seed: int, update_clip: flo
 # ----------------------------------------------------------------------------------- SPEC's properties
 @settings(max_examples=60, deadline=None)
 @given(seed=st.integers(0, 2**32 - 1), lambdas=st.tuples(*[st.floats(0, 3)] * 3), tau=st.floats(0.01, 5))
+@pytest.mark.kernels
 def test_mu0_eta_gamma0_zero_reproduces_none_fed_bit_for_bit(seed, lambdas, tau) -> None:
     rng = np.random.default_rng(seed)
     overrides = dict(ABLATIONS["none-fed-equivalent"], tau=tau)

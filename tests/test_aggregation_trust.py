@@ -65,6 +65,7 @@ def full_trust(n: int) -> dict[str, np.ndarray]:
 # ----------------------------------------------------------------------------------- it reduces to the paper
 @settings(max_examples=40, deadline=None)
 @given(seed=st.integers(0, 2**32 - 1))
+@pytest.mark.kernels
 def test_at_full_trust_it_sends_the_papers_prompts_and_keeps_the_papers_memory_bit_for_bit(seed) -> None:
     rng = np.random.default_rng(seed)
     kw = synthetic_round(rng, 7, 12)

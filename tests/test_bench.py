@@ -771,6 +771,7 @@ def test_a_grid_run_in_this_process_leaves_its_loggers_and_threads_as_it_found_t
 
 
 # ------------------------------------------------------------------------------- reuse across cells
+@pytest.mark.kernels
 def test_cells_reuse_batches_and_tower_outputs_with_the_same_rows(tiny_model, tmp_path, monkeypatch):
     """The bench keeps a setting's batches and image-tower outputs for its next cells (engine.reuse): the second
     cell of the same streams runs the tower on nothing new, and its rows equal a cell run with reuse off."""

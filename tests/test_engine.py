@@ -32,6 +32,7 @@ def hf_features(clip, texts, **padding) -> torch.Tensor:
 
 
 # ----- soft prompts -------------------------------------------------------------------------------------
+@pytest.mark.kernels
 def test_golden_context_equals_hard_prompt(tiny_clip, tiny_pclip):
     context = tiny_pclip.context_from_text("a photo of a")
     assert context.shape == (4, tiny_clip.text_width)
@@ -65,6 +66,7 @@ def test_text_pass_stops_at_last_eos(tiny_clip):
     assert lengths == [longest_hard] and longest_hard < tiny_clip.max_text_length
 
 
+@pytest.mark.kernels
 def test_cut_text_pass_equals_the_full_length_pass(tiny_clip):
     full = PromptedCLIP(tiny_clip, TINY_CLASSNAMES)
     full.full_length_text = True
@@ -74,6 +76,7 @@ def test_cut_text_pass_equals_the_full_length_pass(tiny_clip):
         assert (cut.text_features(blocks) - full.text_features(blocks)).abs().max() <= 1e-5
 
 
+@pytest.mark.kernels
 def test_shared_prefix_pass_equals_the_full_pass_with_gradients(tiny_clip):
     shared = PromptedCLIP(tiny_clip, TINY_CLASSNAMES)
     full = PromptedCLIP(tiny_clip, TINY_CLASSNAMES)

@@ -257,6 +257,7 @@ def test_a_latte_federation_sends_prototypes_not_prompts_and_says_how_many_bytes
     assert state["external.features"].shape == (classes, 1, dim)
 
 
+@pytest.mark.kernels
 def test_a_resumed_latte_run_gives_the_same_rows(testbed_tiny, tmp_path):
     from federation import comparable_rows
 

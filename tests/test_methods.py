@@ -100,6 +100,7 @@ def per_image_tpt(pclip, context, view_features, params):
 
 
 @pytest.mark.parametrize("text_chunk", [2048, 5, 10])  # one stacked pass; one image per pass; two per pass
+@pytest.mark.kernels
 def test_episodic_tpt_stacked_step_equals_the_per_image_loop(tiny_pclip, make_pixels, text_chunk):
     method = make_method("tpt", text_chunk=text_chunk)
     prompt = method.initial_prompt(tiny_pclip)
@@ -292,6 +293,7 @@ def test_adaprompt_loss_is_cross_entropy_on_the_buffer(tiny_pclip, make_pixels, 
     ("name", "params"),
     [("adaprompt", {"threshold": 0.0, "buffer-size": 8}), ("tpt-online", {"n-views": 7})],
 )
+@pytest.mark.kernels
 def test_save_restore_continue_is_bit_identical(tiny_pclip, make_pixels, name, params):
     batches = [make_pixels(6, seed=s) for s in range(5)]
     straight = make_method(name, params)

@@ -84,6 +84,7 @@ def test_csc_adaptation_moves_each_class_context_on_its_own(tiny_clip, tiny_pcli
 
 
 @pytest.mark.parametrize("name", ["tpt-online", "adaprompt"])
+@pytest.mark.kernels
 def test_csc_save_restore_continue_is_bit_identical(tiny_pclip, make_pixels, name):
     params = {**TUNED[name], "csc": True}
     batches = [make_pixels(6, seed=s) for s in range(4)]

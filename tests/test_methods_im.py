@@ -166,6 +166,7 @@ def test_ema_with_momentum_zero_takes_the_batch_step(tiny_pclip, make_pixels):
 
 
 @pytest.mark.parametrize("params", [{}, {"marginal": "ema"}, {"marginal": "ema", "csc": True}])
+@pytest.mark.kernels
 def test_save_restore_continue_is_bit_identical(tiny_pclip, make_pixels, params):
     batches = [make_pixels(6, seed=s) for s in range(5)]
     straight = make_method("im", params)

@@ -231,6 +231,7 @@ def test_where_the_rule_and_the_method_come_from_is_in_config_summary_and_report
     assert f"Server rule: `plugin_rules:mean_mix_by_hand` from the file `{plugin_rules.__file__}`" in page
 
 
+@pytest.mark.kernels
 def test_a_resumed_run_of_a_stateful_plugin_rule_gives_the_same_rows(testbed_tiny, tmp_path):
     base = small_run(testbed_tiny, tmp_path, **{"strategy": "plugin_rules:counting", "num-rounds": 4})
     whole, whole_grid, _ = run_federation({**base, "run-name": "whole"})

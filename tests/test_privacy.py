@@ -178,6 +178,7 @@ def test_the_server_sees_noised_uploads_and_counts_each_clients_epsilon(testbed_
     assert all(r["update_norm"] > 10 * privacy["clip"] * math.sqrt(dim) for r in rows)
 
 
+@pytest.mark.kernels
 def test_none_fed_under_dp_is_none_fed_the_client_keeping_its_exact_prompt(testbed_tiny, tmp_path):
     """none-fed sends each client its own (noised) upload back with own-weight 1: the client puts its exact prompt
     in its place, so every prediction is the non-private one while the server only ever saw noise."""

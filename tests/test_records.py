@@ -47,6 +47,7 @@ def test_prompt_round_trips_through_records_and_vectors():
         unflatten(vector[:-1], SHAPES)
 
 
+@pytest.mark.kernels
 def test_method_state_round_trips_bit_exactly():
     state = {"m": np.random.default_rng(0).normal(size=(3, 2)), "step": np.array(7), "f": np.float32([1.5])}
     back = record_to_arrays(arrays_to_record(state))

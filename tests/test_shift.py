@@ -93,6 +93,7 @@ def test_class_order_puts_the_classes_one_after_the_other():
 
 
 # ----- the streams --------------------------------------------------------------------------------------------
+@pytest.mark.kernels
 def test_the_fixed_schedule_is_the_papers_stream_bit_for_bit():
     """shift='fixed' with a random order: client i's order and images are what they were before schedules
     existed (the seeded permutation of its partition; every image corrupted by domain i mod D)."""

@@ -41,6 +41,7 @@ def test_parsing_of_overrides_and_domains() -> None:
         measure.parse_domains(["blur:7"])
 
 
+@pytest.mark.kernels
 def test_zeroshot_method_online_equals_hand_prompt_zero_shot() -> None:
     """The online loop over the product's zeroshot method scores exactly the hand-prompt accuracy."""
     from fedrapp_app.engine import PromptedCLIP, load_clip

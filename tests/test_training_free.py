@@ -68,6 +68,7 @@ class _ToyCLIP:
         return PromptedCLIP.logits(self, features, text)
 
 
+@pytest.mark.kernels
 def test_tda_on_a_two_class_toy_equals_the_hand_computed_logits():
     """Two images in 2-d; the caches take each image before its logits are read (as the authors' code)."""
     params = method_params("tda", {"pos-alpha": 2.0, "pos-beta": 5.0, "neg-alpha": 0.5, "neg-beta": 1.0,
@@ -124,6 +125,7 @@ def test_tda_caches_survive_a_state_round_trip(tiny_pclip, make_pixels):
 
 # ----- the methods leave the prompt alone ---------------------------------------------------------------
 @pytest.mark.parametrize("name", ["zero", "tda", "zeroshot-ensemble"])
+@pytest.mark.kernels
 def test_a_training_free_method_uploads_the_received_prompt_bit_for_bit(tiny_pclip, make_pixels, name):
     method = make_method(name, {"n-views": 7} if name == "zero" else {})
     received = [block + 0.01 * torch.randn(block.shape, generator=torch.Generator().manual_seed(3))
