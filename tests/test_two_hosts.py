@@ -431,6 +431,18 @@ def test_the_units_pass_systemd_analyze_verify(tmp_path):
     assert done.returncode == 0 and not output.strip(), output
 
 
+def test_the_guides_iptables_recipe_accepts_loopback_before_it_drops():
+    """Before: ACCEPT from the node subnet, then DROP port 8000, dropped 127.0.0.1 -> :8000 too (loopback goes
+    through INPUT), the SuperLink's own executor with it: every run stayed pending. iptables takes the first rule
+    that matches, in the order appended."""
+    guide = (ROOT / "docs" / "deployment.md").read_text()
+    rules = [shlex.split(line)[4:] for line in guide.splitlines() if line.startswith("sudo iptables -A INPUT")]
+    drops = [i for i, rule in enumerate(rules) if rule[-2:] == ["-j", "DROP"]]
+    assert drops and "--dport" in rules[drops[0]]
+    loopback = [i for i, rule in enumerate(rules) if rule == ["-i", "lo", "-j", "ACCEPT"]]
+    assert loopback and loopback[0] < drops[0], rules
+
+
 # -------------------------------------------------------------- 3. a SuperNode after a certificate mistake
 class Supervised:
     """What systemd's ``Restart=on-failure`` does for a unit, with ``RestartSec=restart_after``: start ``command``
