@@ -129,7 +129,7 @@ class NamespacedGuide(Guide):
     not (shutil.which("openssl") and shutil.which("ssh-keygen")), reason="the guide makes keys with openssl, ssh-keygen"
 )
 def test_the_deployment_guide_runs_across_two_network_namespaces(tmp_path, two_hosts):
-    """About 4 minutes on 2 cores, as the loopback run. The SuperLink is reached from the nodes only at
+    """About 5 minutes on 2 busy cores, as the loopback run. The SuperLink is reached from the nodes only at
     10.0.0.1: a certificate, a connection or a command that works on loopback only fails here."""
     guide = NamespacedGuide(tmp_path, full=os.environ.get("FEDRAPP_GUIDE_FULL") == "1", hosts=two_hosts)
     run_the_guide(guide)  # every step, then the loopback test's checks (rows, the refusal, workers, leftovers)
