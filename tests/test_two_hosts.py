@@ -1,7 +1,8 @@
 """Two real hosts without surprises (issue 36), the fast part: a run folder with results is never overwritten
 silently (in-process ServerApp body and fedrapp-sim; the deployment's refusal is in the guide's test,
 ``tests/test_guide.py``), the certificate check before a SuperLink starts, the bounded wait for a restarted
-SuperLink, and the systemd units the guide ships."""
+SuperLink, the systemd units and the firewall recipe the guide ships, and (slow) a SuperNode that comes back on its
+own after a certificate mistake on the SuperLink."""
 
 from __future__ import annotations
 
