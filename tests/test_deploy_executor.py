@@ -52,6 +52,14 @@ def test_the_installed_flower_is_supported():
     check_flower_version()
 
 
+def test_fedrapp_supernodes_refusal_names_it_and_flowers_own_supernode():
+    with pytest.raises(UnsupportedFlowerError) as refused:
+        check_flower_version("1.43.0", program="fedrapp-supernode")
+    message = str(refused.value)
+    assert message.startswith("fedrapp-supernode supports Flower 1.42.x")
+    assert message.endswith("or start Flower's own flower-supernode instead")
+
+
 def _fake_flower(folder: Path, version: str) -> Path:
     """A folder that makes ``importlib.metadata`` report Flower ``version`` when it comes first on sys.path."""
     info = folder / f"flwr-{version}.dist-info"

@@ -1,13 +1,16 @@
 """Two real hosts without surprises (issue 36), the fast part: a run folder with results is never overwritten
 silently (in-process ServerApp body and fedrapp-sim; the deployment's refusal is in the guide's test,
 ``tests/test_guide.py``), the certificate check before a SuperLink starts, the bounded wait for a restarted
-SuperLink, and the systemd units the guide ships."""
+SuperLink, the systemd units and the firewall recipe the guide ships, and (slow) a SuperNode that comes back on its
+own after a certificate mistake on the SuperLink."""
 
 from __future__ import annotations
 
 import contextlib
 import hashlib
 import http.server
+import json
+import re
 import shlex
 import shutil
 import socket
@@ -59,7 +62,7 @@ def test_a_new_run_in_a_finished_runs_folder_is_refused_in_one_line_and_loses_no
         run_federation({**config, "strategy": "none-fed"})
     message = str(err.value)
     assert "\n" not in message and str(run_dir) in message and "finished run (1 rounds" in message
-    assert "nothing was written" in message and "another run-name" in message
+    assert "left as it was" in message and "another run-name" in message
     assert "fedrapp-sim --overwrite" in message and f"mv {run_dir} {run_dir}.old" in message
     assert socket.gethostname() in message  # the host whose folder it is (deployment: the SuperLink's)
     assert fingerprint(run_dir) == before  # not one byte changed
@@ -188,6 +191,8 @@ def test_the_guides_old_certificate_is_refused_before_the_start_naming_the_super
     assert "IP address mismatch" in message and "10.0.0.1:8000 (" not in message  # the others are served
     assert "make it again with IP:127.0.0.1 added" in message and "4a-certificates" in message
     assert "DNS:superlink.example.org, IP:10.0.0.1" in message  # what it holds
+    assert message.endswith("Until then every run stays pending while the SuperLink looks healthy (its executor dies "
+                            "at its first connection)")  # fmt: skip
     # bound to the host's own address, the executor connects there: that certificate serves it
     assert "10.0.0.1:8000 (the SuperLink's own" in _check(old, "10.0.0.1", "superlink.example.org:8000")
 
@@ -199,6 +204,32 @@ def test_the_guides_old_certificate_is_refused_before_the_start_naming_the_super
         _check(new, "0.0.0.0", "link.other.org:8000")
 
 
+def test_a_wildcard_superlink_without_the_nodes_address_is_not_passed(tmp_path, capsys):
+    """Before: without --address the check tried 127.0.0.1 only and passed a certificate no remote host could use
+    (here one that holds 127.0.0.1 alone)."""
+    local = make_certificates(tmp_path / "local", ["IP:127.0.0.1"])
+    for host in ("0.0.0.0", "::", "[::]"):
+        with pytest.raises(link.LinkError) as err:
+            _check(local, host)
+        message = str(err.value)
+        assert "\n" not in message and f"--host {host} listens for SuperNodes on other hosts" in message
+        assert "no --address" in message and "--address 10.0.0.1:8000" in message
+    # bound to one address, the executor and the nodes use that one: nothing is left unchecked
+    assert "127.0.0.1:8000 (the SuperLink's own ServerApp executor, at --host)" in _check(local, "127.0.0.1")
+    command = ["check-tls", "--ssl-certfile", str(local["cert"]), "--ssl-keyfile", str(local["key"])]
+    command += ["--ssl-ca-certfile", str(local["ca"]), "--host", "0.0.0.0"]
+    assert link.main(command) == 1
+    assert "no --address says where they connect" in capsys.readouterr().err
+    # what a remote node would meet is named, with what it does to the nodes and to flwr
+    with pytest.raises(link.LinkError) as err:
+        _check(local, "0.0.0.0", "10.0.0.1:8000")
+    message = str(err.value)
+    assert "cannot serve 10.0.0.1:8000 (the SuperNodes and flwr): IP address mismatch" in message
+    assert "make it again with IP:10.0.0.1 added" in message and "stays pending" not in message
+    assert "SuperNodes given 10.0.0.1:8000 exit at their start (Flower's exit code 305" in message
+    assert "'Connection to the SuperLink is unavailable'" in message and ".." not in message
+
+
 def test_a_wrong_key_ca_or_date_is_named_in_one_line(tmp_path, capsys):
     good = make_certificates(tmp_path / "a", ["IP:127.0.0.1"])
     other = make_certificates(tmp_path / "b", ["IP:127.0.0.1"], ca_name="other-ca")
@@ -207,7 +238,7 @@ def test_a_wrong_key_ca_or_date_is_named_in_one_line(tmp_path, capsys):
         _check({**good, "key": other["key"]}, "127.0.0.1")
     with pytest.raises(link.LinkError, match="unable to get local issuer certificate"):
         _check({**good, "ca": other["ca"]}, "127.0.0.1")
-    with pytest.raises(link.LinkError, match="certificate has expired"):
+    with pytest.raises(link.LinkError, match="certificate has expired.*make it again valid today, signed by"):
         _check(expired, "127.0.0.1")
     command = ["check-tls", "--ssl-certfile", str(good["cert"]), "--ssl-keyfile", str(good["key"])]
     command += ["--ssl-ca-certfile", str(other["ca"]), "--host", "0.0.0.0", "--database", "state.db"]
@@ -302,6 +333,7 @@ def test_the_wait_fails_at_once_on_a_certificate_the_connection_refuses_and_afte
         assert time.monotonic() - started < 5  # waiting cannot fix a certificate
     err = capsys.readouterr().err
     assert "certificate is refused: IP address mismatch" in err and "fedrapp-link check-tls" in err
+    assert ".." not in err  # OpenSSL's reason ends with a period of its own
     started = time.monotonic()
     assert link.main(["wait", "fedrapp", "--timeout", "1"]) == 1  # nothing listens
     assert time.monotonic() - started < 5
@@ -343,7 +375,7 @@ def test_the_units_start_the_guides_programs_with_options_they_accept():
 
     parsers = {
         "flower-superlink": lambda argv: _parse_args_run_superlink().parse_args(argv),
-        "flower-supernode": lambda argv: _parse_args_run_supernode().parse_args(argv),
+        "fedrapp-supernode": lambda argv: _parse_args_run_supernode().parse_args(argv),  # flower-supernode's
         "fedrapp-superexec": lambda argv: executor_cli.options_from(executor_cli.parser().parse_args(argv)),
         "fedrapp-link": lambda argv: link.parser().parse_args(argv),
     }
@@ -355,9 +387,30 @@ def test_the_units_start_the_guides_programs_with_options_they_accept():
             parsers[program](words[1:])
             seen.add(program)
     assert seen == set(parsers)
+    assert unit_commands(UNITS / "fedrapp-superlink.service")["ExecStart"][0].endswith("/flower-superlink")
     node = unit_commands(UNITS / "fedrapp-supernode@.service", "3")["ExecStart"]
     assert node[node.index("--node-config") + 1] == "client-id=3 state-dir='/var/lib/fedrapp/state' "
     assert node[node.index("--auth-supernode-private-key") + 1] == "/etc/fedrapp/keys/client3"
+
+
+def test_the_superlink_units_check_covers_every_address_the_guide_puts_in_the_certificate():
+    """Before: ExecStartPre checked the DNS name only, not the IP the guide's certificate (and its manual check)
+    holds, so a certificate without it passed the unit's check and every node given that IP failed."""
+    guide = (ROOT / "docs" / "deployment.md").read_text()
+    recipe = re.search(r'printf "subjectAltName=([^"]+)" > san.ext', guide)
+    assert recipe is not None
+    in_certificate = {entry.split(":", 1)[1] for entry in recipe.group(1).split(",")}
+    check = link.parser().parse_known_args(unit_commands(UNITS / "fedrapp-superlink.service")["ExecStartPre"][1:])[0]
+    checked = {link.split_address(a)[0] for a in check.address} | {link.own_address(check.host)}
+    assert checked == in_certificate == {"superlink.example.org", "10.0.0.1", "127.0.0.1"}
+    start = unit_commands(UNITS / "fedrapp-superlink.service")["ExecStart"]
+    assert start[start.index("--host") + 1] == check.host and start[start.index("--port") + 1] == str(check.port)
+    # and the guide's own checks (4a, 4b, 5) name the same addresses
+    commands = re.findall(r"fedrapp-link check-tls (.*?)\n(?:flower|```)", guide.replace("\\\n", " "), re.S)
+    assert len(commands) == 3
+    for command in commands:
+        args = link.parser().parse_known_args(["check-tls", *shlex.split(command)])[0]
+        assert {link.split_address(a)[0] for a in args.address} | {link.own_address(args.host)} == in_certificate
 
 
 @pytest.mark.skipif(shutil.which("systemd-analyze") is None, reason="systemd-analyze is not installed here")
@@ -377,3 +430,150 @@ def test_the_units_pass_systemd_analyze_verify(tmp_path):
     )
     output = done.stdout + done.stderr
     assert done.returncode == 0 and not output.strip(), output
+
+
+def test_the_guides_iptables_recipe_accepts_loopback_before_it_drops():
+    """Before: ACCEPT from the node subnet, then DROP port 8000, dropped 127.0.0.1 -> :8000 too (loopback goes
+    through INPUT), the SuperLink's own executor with it: every run stayed pending. iptables takes the first rule
+    that matches, in the order appended."""
+    guide = (ROOT / "docs" / "deployment.md").read_text()
+    rules = [shlex.split(line)[4:] for line in guide.splitlines() if line.startswith("sudo iptables -A INPUT")]
+    drops = [i for i, rule in enumerate(rules) if rule[-2:] == ["-j", "DROP"]]
+    assert drops and "--dport" in rules[drops[0]]
+    loopback = [i for i, rule in enumerate(rules) if rule == ["-i", "lo", "-j", "ACCEPT"]]
+    assert loopback and loopback[0] < drops[0], rules
+
+
+# -------------------------------------------------------------- 3. a SuperNode after a certificate mistake
+class Supervised:
+    """What systemd's ``Restart=on-failure`` does for a unit, with ``RestartSec=restart_after``: start ``command``
+    again whenever it exits with a status other than 0; each exit is recorded as (seconds, status)."""
+
+    def __init__(self, command: list[str], env: dict[str, str], log: Path, restart_after: float = 1.0) -> None:
+        self.command, self.env, self.log, self.restart_after = command, env, log, restart_after
+        self.exits: list[tuple[float, int]] = []
+        self.current: subprocess.Popen | None = None
+        self.stopping = threading.Event()
+        self.thread = threading.Thread(target=self._loop, daemon=True)
+        self.thread.start()
+
+    def _loop(self) -> None:
+        while not self.stopping.is_set():
+            with self.log.open("a") as out:
+                self.current = subprocess.Popen(
+                    self.command, env=self.env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+                )
+            status = self.current.wait()
+            self.exits.append((time.monotonic(), status))
+            if status == 0 or self.stopping.wait(self.restart_after):
+                return
+
+    def stop(self) -> None:
+        self.stopping.set()
+        if self.current is not None:
+            launcher.stop_process_group(self.current)
+        self.thread.join(timeout=30)
+
+
+def _until(done: Callable[[], bool], timeout: float, what: str, logs: Callable[[], str]) -> float:
+    """Wait until ``done()``, up to ``timeout`` seconds; the seconds it took."""
+    started = time.monotonic()
+    while not done():
+        if time.monotonic() - started > timeout:
+            raise AssertionError(f"{what}: not within {timeout:g} s\n{logs()}")
+        time.sleep(0.2)
+    return time.monotonic() - started
+
+
+@pytest.mark.slow
+def test_a_supernode_that_gave_up_on_a_bad_certificate_comes_back_on_its_own_once_the_superlink_is_right(tmp_path):
+    """About a minute. The SuperLink is restarted on a certificate its CA did not sign (the mistake), then on the
+    good one again. Before: the SuperNodes gave up reconnecting at the first TLS error and stayed up, offline for
+    good (Flower's own SuperNode, beside ours here, still does). fedrapp-supernode exits (status 1) once it gave up,
+    its supervisor starts it again (refused while the certificate is wrong), and it is back with the good one."""
+    from fedrapp_app.running.processes import LAUNCH_ID_ENV, stop_marked
+
+    good = make_certificates(tmp_path / "good", ["IP:127.0.0.1"])
+    bad = make_certificates(tmp_path / "bad", ["IP:127.0.0.1"], ca_name="other-ca")
+    port = launcher.free_port()
+    launch_id = f"recovery-{port}"
+    env = {**launcher.contained_env(tmp_path / "flwr-home"), LAUNCH_ID_ENV: launch_id}
+    env["FLWR_HOME"] = str(tmp_path / "flwr-home")  # its own connection, whatever the caller's FLWR_HOME
+    (tmp_path / "flwr-home").mkdir()
+    (tmp_path / "flwr-home" / "config.toml").write_text(
+        f'[superlink.fedrapp]\naddress = "127.0.0.1:{port}"\nroot-certificates = "{good["ca"]}"\n'
+    )
+    connection = link.Connection("fedrapp", f"127.0.0.1:{port}", False, good["ca"])
+    links: list[subprocess.Popen] = []
+
+    def start_link(paths: dict[str, Path]) -> float:
+        command = ["flower-superlink", "--host", "127.0.0.1", "--port", str(port), "--database", "state.db"]
+        command += ["--ssl-ca-certfile", str(paths["ca"]), "--ssl-certfile", str(paths["cert"])]
+        command += ["--ssl-keyfile", str(paths["key"]), "--disable-runtime-dependency-installation"]
+        with (tmp_path / "superlink.log").open("a") as out:
+            links.append(subprocess.Popen(command, cwd=tmp_path, env=env, stdout=out, stderr=subprocess.STDOUT,
+                                          start_new_session=True))  # fmt: skip
+
+        def listening() -> bool:
+            try:
+                return link.probe(connection, timeout=1.0) is None
+            except link.LinkError:  # the nodes' CA refuses its certificate: it listens
+                return paths is not good
+
+        _until(listening, 60, "the SuperLink listens", logs)
+        return time.monotonic()
+
+    def node_command(program: str, log: str) -> list[str]:
+        return [program, "--superlink", f"127.0.0.1:{port}", "--root-certificates", str(good["ca"]),
+                "--port", str(launcher.free_port()), "--node-config", f"client-id={log[-1]}"]  # fmt: skip
+
+    def logs() -> str:
+        return "\n".join(
+            f"--- {p.name}\n{p.read_text(errors='replace')[-2500:]}" for p in sorted(tmp_path.glob("*.log"))
+        )
+
+    def connected(log: Path) -> int:
+        return log.read_text(errors="replace").count("SuperNode ID:") if log.is_file() else 0
+
+    ours_log, flowers_log = tmp_path / "node0.log", tmp_path / "node1.log"
+    start_link(good)
+    ours = Supervised(node_command("fedrapp-supernode", "node0"), env, ours_log)
+    flowers = subprocess.Popen(node_command("flower-supernode", "node1"), env=env, stdout=flowers_log.open("w"),
+                               stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
+    report: dict[str, float] = {}
+    try:
+        _until(lambda: connected(ours_log) == 1 and connected(flowers_log) == 1, 60, "both nodes connect", logs)
+        launcher.stop_process_group(links[-1])
+        bad_at = start_link(bad)
+        report["gave_up_and_exited_s"] = _until(lambda: len(ours.exits) >= 1, 60, "fedrapp-supernode exits", logs)
+        assert ours.exits[0][1] == 1
+        text = ours_log.read_text(errors="replace")
+        assert "SSL/TLS handshake error detected." in text and "fedrapp-supernode: the SuperNode, up for" in text
+        assert "gave up reconnecting to the SuperLink" in text and "Restart=on-failure" in text
+        # started again while the certificate is still wrong: refused at its start, and started again
+        _until(lambda: len(ours.exits) >= 2, 60, "a start refused on the bad certificate", logs)
+        assert ours.exits[1][1] == 1 and "Exit Code: 305" in ours_log.read_text(errors="replace")
+        launcher.stop_process_group(links[-1])
+        good_at = start_link(good)
+        report["back_after_the_good_superlink_s"] = _until(lambda: connected(ours_log) == 2, 90, "node back", logs)
+        report["bad_certificate_served_s"] = round(good_at - bad_at, 1)
+        listed = subprocess.run(["flwr", "supernode", "ls", "fedrapp", "--format", "json"], cwd=tmp_path, env=env,
+                                capture_output=True, text=True, timeout=120)  # fmt: skip
+        assert '"success": true' in listed.stdout, listed.stdout + listed.stderr
+        nodes = {str(n["node-id"]): n for n in json.loads(listed.stdout)["nodes"]}
+        ours_id = re.findall(r"SuperNode ID: (\d+)", ours_log.read_text())[-1]
+        flowers_id = re.findall(r"SuperNode ID: (\d+)", flowers_log.read_text())[-1]
+        assert nodes[ours_id]["status"] == "online", listed.stdout  # registered since the good restart
+        assert nodes[ours_id]["online-elapsed"] < time.monotonic() - good_at, listed.stdout
+        # Flower's own SuperNode gave up too, but it still runs, offline: a supervisor sees nothing to restart.
+        # (The SuperLink lists its old id as online until it misses two heartbeats, up to 60 s.)
+        assert flowers.poll() is None and connected(flowers_log) == 1 and flowers_id != ours_id
+        assert "SSL/TLS handshake error detected." in flowers_log.read_text(errors="replace")
+    finally:
+        ours.stop()
+        launcher.stop_process_group(flowers)
+        for process in links:
+            launcher.stop_process_group(process)
+        left = stop_marked(launch_id)
+    assert left == []
+    print(json.dumps({k: round(v, 1) for k, v in report.items()}))

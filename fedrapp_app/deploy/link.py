@@ -7,10 +7,14 @@ starts its ServerApp executor (``flower-superexec``) against ``--host``, with ``
 ``127.0.0.1`` (``flwr/superlink/cli/flower_superlink.py: _start_superexec_if_needed``, ``resolve_bind_address``),
 verifying the certificate with ``--ssl-ca-certfile``. A certificate without that address fails only there: the
 executor dies, every run stays ``pending`` and the SuperLink looks healthy. The check does, in memory, the TLS
-handshake each client will do (OpenSSL's own verification: chain, dates, key, name) and names what fails::
+handshake each client will do (OpenSSL's own verification: chain, dates, key, name) and names what fails, and what
+that failure does to whoever connects there::
 
     fedrapp-link check-tls --host 0.0.0.0 --port 8000 --ssl-ca-certfile ca.crt --ssl-certfile server.pem \\
-        --ssl-keyfile server.key --address superlink.example.org:8000
+        --ssl-keyfile server.key --address superlink.example.org:8000 --address 10.0.0.1:8000
+
+A SuperLink on a wildcard ``--host`` (``0.0.0.0``, ``::``) listens for other hosts, so the check refuses to pass
+without an ``--address``: it would have checked loopback only, and passed a certificate no SuperNode can use.
 
 ``fedrapp-link wait CONNECTION``: wait until the SuperLink behind a ``flwr`` connection (``$FLWR_HOME/config.toml``)
 answers, bounded, saying so in one line: a SuperLink restarted after a crash takes seconds before it listens, and a
@@ -52,10 +56,14 @@ def split_address(address: str) -> tuple[str, int]:
     return host.strip("[]"), int(port)
 
 
+#: The wildcard bind addresses and the loopback address Flower's ``resolve_bind_address`` puts in their place.
+WILDCARDS = {"0.0.0.0": "127.0.0.1", "::": "::1", "": "127.0.0.1"}
+
+
 def own_address(host: str) -> str:
     """The host the SuperLink's own ServerApp executor connects to when the SuperLink binds ``host`` (Flower's
     ``resolve_bind_address``: the wildcard addresses become loopback)."""
-    return {"0.0.0.0": "127.0.0.1", "::": "::1", "": "127.0.0.1"}.get(host.strip("[]"), host.strip("[]"))
+    return WILDCARDS.get(host.strip("[]"), host.strip("[]"))
 
 
 def subject_alt_names(certfile: Path) -> list[str]:
@@ -114,15 +122,48 @@ def handshake(server: ssl.SSLContext, cafile: Path, name: str) -> str | None:
 
 @dataclass(frozen=True)
 class Target:
-    """An address the certificate must serve, and who connects there."""
+    """An address the certificate must serve, who connects there, and what a certificate that fails there does."""
 
     host: str
     who: str
+    until_then: str
+
+
+def remote_target(address: str) -> Target:
+    """An address the SuperNodes and ``flwr`` use (``--address``). What they do with a certificate that fails there
+    is measured with flwr 1.42: the SuperNode exits at its start, a connected one gives up, and ``flwr`` never
+    names the certificate."""
+    host, port = split_address(address)
+    return Target(
+        host,
+        "the SuperNodes and flwr",
+        f"SuperNodes given {host}:{port} exit at their start (Flower's exit code 305, 'certificate verify failed'), "
+        "connected ones give up reconnecting (fedrapp-supernode then exits for its service to restart it), and "
+        f"flwr with that address says only 'Connection to the SuperLink is unavailable'",
+    )
+
+
+def own_target(host: str) -> Target:
+    """The address the SuperLink's own ServerApp executor connects to, for ``--host host``."""
+    own = own_address(host)
+    why = f"as --host {host} makes it" if own != host.strip("[]") else "at --host"
+    return Target(
+        own,
+        f"the SuperLink's own ServerApp executor, {why}",
+        "every run stays pending while the SuperLink looks healthy (its executor dies at its first connection)",
+    )
 
 
 def check_tls(certfile: Path, keyfile: Path, cafile: Path, host: str, port: int, addresses: list[str]) -> str:
     """The one-line verdict on ``certfile`` for a SuperLink started with ``--host host --port port`` and reached
     at ``addresses``; ``LinkError`` (one line: what cannot be served, why, and the fix) when it cannot serve one."""
+    if host.strip("[]") in WILDCARDS and not addresses:
+        raise LinkError(
+            f"--host {host} listens for SuperNodes on other hosts, but no --address says where they connect, so only "
+            f"{own_address(host)}:{port} (the SuperLink's own executor) would be checked: add every address the "
+            "SuperNodes and flwr use, e.g. --address superlink.example.org:8000 --address 10.0.0.1:8000 (each must "
+            f"be in the certificate's subjectAltName, recipe: {RECIPE})"
+        )
     for flag, path in (("--ssl-certfile", certfile), ("--ssl-keyfile", keyfile), ("--ssl-ca-certfile", cafile)):
         if not path.is_file():
             raise LinkError(f"{flag} {path}: no such file")
@@ -138,18 +179,18 @@ def check_tls(certfile: Path, keyfile: Path, cafile: Path, host: str, port: int,
         sans = subject_alt_names(certfile)
     except ValueError as err:
         raise LinkError(f"{certfile} is not a PEM certificate ({err})") from None
-    own = own_address(host)
-    targets = [Target(split_address(a)[0], "the SuperNodes and flwr") for a in addresses]
-    why = f"as --host {host} makes it" if own != host.strip("[]") else "at --host"
-    targets.append(Target(own, f"the SuperLink's own ServerApp executor, {why}"))
+    targets = [*(remote_target(a) for a in addresses), own_target(host)]
     verdicts = {t.host: handshake(server, cafile, t.host) for t in targets}
-    failures = [f"{t.host}:{port} ({t.who}): {verdicts[t.host].rstrip('.')}" for t in targets if verdicts[t.host]]
-    if failures:
-        add = ",".join(f"IP:{h}" if _is_ip(h) else f"DNS:{h}" for h, reason in verdicts.items() if reason)
+    failed = [t for t in targets if verdicts[t.host]]
+    if failed:
+        what = "; ".join(f"{t.host}:{port} ({t.who}): {verdicts[t.host].rstrip('.')}" for t in failed)
+        missing = [t.host for t in failed if "mismatch" in str(verdicts[t.host])]  # OpenSSL's name check
+        add = ",".join(dict.fromkeys(f"IP:{h}" if _is_ip(h) else f"DNS:{h}" for h in missing))
+        fix = f"with {add} added to subjectAltName, signed" if missing else "valid today, signed"
+        until = "; ".join(dict.fromkeys(t.until_then for t in failed))
         raise LinkError(
-            f"{certfile} cannot serve {'; '.join(failures)}. Its subjectAltName holds {', '.join(sans) or 'nothing'}: "
-            f"make it again with {add} added to subjectAltName, signed by {cafile} (recipe: {RECIPE}); until then "
-            "every run stays pending"
+            f"{certfile} cannot serve {what}. Its subjectAltName holds {', '.join(sans) or 'nothing'}: make it again "
+            f"{fix} by {cafile} (recipe: {RECIPE}). Until then {until}"
         )
     left = (not_after(certfile) - datetime.now(UTC)).days
     served = ", ".join(f"{t.host}:{port} ({t.who})" for t in targets)
@@ -214,7 +255,8 @@ def probe(connection: Connection, timeout: float = 3.0) -> str | None:
         if isinstance(reason, ssl.SSLCertVerificationError):
             raise LinkError(
                 f"the SuperLink at {connection.address} answers, but its certificate is refused: "
-                f"{reason.verify_message or reason}. The certificate's subjectAltName must hold {host}, signed by "
+                f"{str(reason.verify_message or reason).rstrip('.')}. The certificate's subjectAltName must hold "
+                f"{host}, signed by "
                 f"the CA in root-certificates (recipe: {RECIPE}; on the SuperLink host: fedrapp-link check-tls)"
             ) from None
         if isinstance(reason, ssl.SSLError):

@@ -36,8 +36,9 @@ def installed_flower() -> str | None:
     return None
 
 
-def check_flower_version(version: str | None = None) -> str:
-    """Return ``version`` (default: the installed Flower's) if the executor supports it.
+def check_flower_version(version: str | None = None, program: str = "fedrapp-superexec") -> str:
+    """Return ``version`` (default: the installed Flower's) if ``program`` (``fedrapp-superexec``,
+    ``fedrapp-supernode``) supports it.
 
     Raises
     ------
@@ -48,13 +49,13 @@ def check_flower_version(version: str | None = None) -> str:
     newest_major, newest_minor = SUPPORTED_SERIES[-1]
     fix = (
         f"install it with: pip install 'flwr[simulation]=={newest_major}.{newest_minor}.0' "
-        "(the version fedrapp pins), or start Flower's own flower-superexec instead"
+        f"(the version fedrapp pins), or start Flower's own {program.replace('fedrapp-', 'flower-')} instead"
     )
     if found is None:
-        raise UnsupportedFlowerError(f"fedrapp-superexec needs Flower {supported_text()}, but none is installed; {fix}")
+        raise UnsupportedFlowerError(f"{program} needs Flower {supported_text()}, but none is installed; {fix}")
     parsed = re.match(r"(\d+)\.(\d+)", found)
     if parsed is None or (int(parsed.group(1)), int(parsed.group(2))) not in SUPPORTED_SERIES:
         raise UnsupportedFlowerError(
-            f"fedrapp-superexec supports Flower {supported_text()}, but Flower {found} is installed; {fix}"
+            f"{program} supports Flower {supported_text()}, but Flower {found} is installed; {fix}"
         )
     return found

@@ -131,7 +131,7 @@ def check_not_taken(run_dir: Path) -> None:
         else "resume it with resume = true and this run-name"
     )
     raise RunFolderTaken(
-        f"run folder {run_dir} already holds {what}; nothing was written. A new run does not replace it: "
+        f"run folder {run_dir} already holds {what}, left as it was. A new run does not replace it: "
         f"{resume}; or choose another run-name; or overwrite it explicitly (fedrapp-sim --overwrite; with flwr run, "
         f"move it away first on {socket.gethostname()}: mv {run_dir} {run_dir}.old)"
     )
