@@ -1,14 +1,18 @@
-"""What an upload reveals (issue 38, item 4): an honest-but-curious server's attacks on the uploads, without and with
-client-level differential privacy, scored against the offline testbed's truth.
+"""What an upload reveals: an honest-but-curious server's attacks on the uploads, without and with client-level
+differential privacy, scored against the offline testbed's truth.
 
 For each local method and privacy budget ε it runs the federation (FedRAPP, the default setting: 8 clients in 4
 shift domains, Dirichlet 0.1 label skew) on the target seeds and on shadow seeds, keeps every update the server
 receives, and scores the attacks of ``fedrapp_app/privacy/leakage.py``: which clients share a domain (pair AUC,
 chance 0.5), each client's domain from a classifier trained on the shadow runs (accuracy, chance 1/4), and, with a
-class-specific context, a client's three most frequent classes (precision, chance 3/30).
+class-specific context, a client's three most frequent classes (precision, chance 3/30). A fourth attack reads only
+the clear fields of the server's rows (no update): a domain name where a row carries one, else a nearest-centroid
+classifier on every number a row carries beside the upload (accuracies, counts, entropies, timings), trained on the
+shadow runs (domain accuracy, chance 1/4).
 
     python benchmarks/upload_leakage.py                         # seeds 0-2, shadow 100-102, eps 1 2 4 8 inf
     python benchmarks/upload_leakage.py --epsilons inf 8 --methods im+csc --out /tmp/leak.json
+    python benchmarks/upload_leakage.py --epsilons inf 8 --methods adaprompt --num-rounds 4   # the clear fields
 
 The noise is seeded (FEDRAPP_DP_SEED) so that the numbers can be reproduced; prints a markdown table and writes the
 raw numbers as JSON.
@@ -63,7 +67,9 @@ def run_and_capture(overrides: dict, out: Path) -> dict:
         previous["shapes"] = strategy.shapes
 
     with reuse.on(1024):
-        run_server(InProcessGrid(client_app, validated.num_clients, config), config, on_round=capture)
+        summary = run_server(InProcessGrid(client_app, validated.num_clients, config), config, on_round=capture)
+    rounds = Path(summary["run_dir"]) / "rounds.jsonl"  # the server's own view (under dp: no client outcome)
+    server_rows = [json.loads(line) for line in rounds.read_text().splitlines() if line.strip()]
     spec = validated.data_spec()
     labels = cached_source(spec).labels()
     classes = int(labels.max()) + 1
@@ -73,10 +79,51 @@ def run_and_capture(overrides: dict, out: Path) -> dict:
     clients = sorted(updates)
     return {
         "updates": [np.stack(updates[c]) for c in clients],
+        "clear": [[r for r in server_rows if r["client"] == c and r["status"] == "ok"] for c in clients],
+        "index": index,
         "groups": [index[domains[c]] for c in clients],
         "counts": [counts[c] for c in clients],
         "shapes": previous["shapes"],
     }
+
+
+#: Row fields that are the protocol's own (who, when, what status), not something a client reported.
+PROTOCOL_FIELDS = {"client", "node", "round", "status", "dp_epsilon"}
+
+
+def clear_numbers(rows: list[dict]) -> dict[str, float]:
+    """Every number a client's rows carry beside its upload, averaged over its rounds: ``{field: mean}``."""
+    values: dict[str, list[float]] = {}
+    for row in rows:
+        flat = {**{k: v for k, v in row.items() if k not in PROTOCOL_FIELDS},
+                **{f"m.{k}": v for k, v in row.get("client_metrics", {}).items()}}  # fmt: skip
+        for key, value in flat.items():
+            if isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value):
+                values.setdefault(key, []).append(float(value))
+    return {k: float(np.mean(v)) for k, v in values.items()}
+
+
+def clear_field_guess(target: dict, shadows: list[dict]) -> np.ndarray:
+    """Each target client's domain from its rows' clear fields alone: the domain a row names, else the nearest
+    centroid of the shadow clients' standardised clear numbers."""
+    from fedrapp_app.privacy.leakage import nearest_centroid
+
+    keys = sorted({k for run in (target, *shadows) for rows in run["clear"] for k in clear_numbers(rows)})
+
+    def features(run: dict) -> np.ndarray:
+        return np.array([[clear_numbers(rows).get(k, 0.0) for k in keys] for rows in run["clear"]]).reshape(
+            len(run["clear"]), len(keys)
+        )
+
+    train = np.concatenate([features(s) for s in shadows])
+    mean, std = train.mean(axis=0), train.std(axis=0) + 1e-12
+    groups = np.concatenate([s["groups"] for s in shadows])
+    guessed = nearest_centroid((train - mean) / std, groups, (features(target) - mean) / std)
+    for i, rows in enumerate(target["clear"]):
+        named = {r["domain"] for r in rows if r.get("domain") in target["index"]}
+        if len(named) == 1:
+            guessed[i] = target["index"][named.pop()]
+    return guessed
 
 
 def attacks(target: dict, shadows: list[dict], csc: bool) -> dict:
@@ -90,6 +137,7 @@ def attacks(target: dict, shadows: list[dict], csc: bool) -> dict:
     out = {
         "pair_auc": pair_auc(own, target["groups"]),
         "domain_accuracy": float(np.mean(guessed == np.asarray(target["groups"]))),
+        "clear_domain_accuracy": float(np.mean(clear_field_guess(target, shadows) == np.asarray(target["groups"]))),
     }
     if csc:
         (shape,) = target["shapes"]  # one class-specific context [C, n, D]
@@ -105,6 +153,9 @@ def main() -> None:
     parser.add_argument("--epsilons", nargs="+", default=["inf", "8", "4", "2", "1"])
     parser.add_argument("--methods", nargs="+", default=list(METHODS), choices=list(METHODS))
     parser.add_argument("--out", type=Path, default=Path("outputs/upload_leakage.json"))
+    parser.add_argument(
+        "--num-rounds", type=int, default=0, help="rounds per run (default 0: until the streams end, 16 here)"
+    )
     args = parser.parse_args()
 
     import torch
@@ -117,6 +168,7 @@ def main() -> None:
         for eps_text in args.epsilons:
             epsilon = math.inf if eps_text == "inf" else float(eps_text)
             privacy = {} if math.isinf(epsilon) else {"dp": True, "dp-epsilon": epsilon}
+            privacy["num-rounds"] = args.num_rounds
             runs = {}
             for seed in [*args.seeds, *args.shadow_seeds]:
                 runs[seed] = run_and_capture({**BASE, **METHODS[method], **privacy, "seed": seed}, work)
@@ -127,8 +179,11 @@ def main() -> None:
                 results.append({"method": method, "epsilon": eps_text, "seed": seed, **scores})
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(results, indent=1))
-    print("| method | epsilon | pair AUC (0.5) | domain accuracy (0.25) | top-3 class precision (0.1) |")
-    print("|---|---|---|---|---|")
+    print(
+        "| method | epsilon | pair AUC (0.5) | domain accuracy (0.25) | top-3 class precision (0.1) "
+        "| clear fields: domain accuracy (0.25) |"
+    )
+    print("|---|---|---|---|---|---|")
     for method in args.methods:
         for eps_text in args.epsilons:
             cell = [r for r in results if r["method"] == method and r["epsilon"] == eps_text]
@@ -139,7 +194,8 @@ def main() -> None:
                     f"{np.mean(values):.2f} ± {np.std(values, ddof=1) if len(values) > 1 else 0:.2f}" if values else "–"
                 )
 
-            scores = " | ".join(mean(key) for key in ("pair_auc", "domain_accuracy", "class_precision"))
+            keys = ("pair_auc", "domain_accuracy", "class_precision", "clear_domain_accuracy")
+            scores = " | ".join(mean(key) for key in keys)
             print(f"| {method} | {eps_text} | {scores} |")
 
 

@@ -14,7 +14,7 @@ from fedrapp_app.federation.client import app as client_app
 from fedrapp_app.federation.inprocess import InProcessGrid
 from fedrapp_app.federation.records import PROBE, PROMPT, flatten, record_to_prompt
 from fedrapp_app.federation.server import run_server
-from fedrapp_app.recording.results import comparable_rows  # noqa: F401 - the tests import it from here
+from fedrapp_app.recording.results import comparable_rows, run_rows  # noqa: F401 - the tests import comparable_rows from here
 
 
 def small_run(model_dir: Path, out_dir: Path, **overrides: Any) -> dict[str, Any]:
@@ -143,7 +143,13 @@ def permute_labels(monkeypatch, num_classes: int, seed: int) -> None:
 
 
 def read_rows(run_dir: str | Path) -> list[dict[str, Any]]:
-    """The rows of a run's rounds.jsonl."""
+    """The rows of a run's rounds.jsonl (under dp with the clients' outcome files merged, as the report reads them;
+    :func:`server_rows` for the server's own view)."""
+    return run_rows(run_dir)
+
+
+def server_rows(run_dir: str | Path) -> list[dict[str, Any]]:
+    """The rows of a run's rounds.jsonl as the server wrote them (under dp: without the clients' outcomes)."""
     return [json.loads(line) for line in (Path(run_dir) / "rounds.jsonl").read_text().splitlines()]
 
 

@@ -26,6 +26,7 @@ import numpy as np
 
 from fedrapp_app.bench.rows import report_input, report_main, write_text_atomic
 from fedrapp_app.bench.stats import Stat, mean_std
+from fedrapp_app.recording.results import run_rows
 
 #: What a gain below counts as a miss against none-fed (points of accuracy, as a share).
 GOAL = -0.002
@@ -34,11 +35,6 @@ Key = tuple[str, str, str]  # (method, stream, rule)
 
 def _json(path: Path) -> Any:
     return json.loads(path.read_text()) if path.is_file() else None
-
-
-def _rows(run_dir: Path) -> list[dict[str, Any]]:
-    path = run_dir / "rounds.jsonl"
-    return [json.loads(line) for line in path.read_text().splitlines()] if path.is_file() else []
 
 
 def collect(rows: Sequence[Mapping[str, Any]]) -> dict[Key, dict[int, dict[str, Any]]]:
@@ -195,7 +191,7 @@ def memory_at_switches(run_dirs: Iterable[Path], horizon: int = 3) -> dict[int, 
     mus: dict[int, list[float]] = defaultdict(list)
     shares: dict[int, list[float]] = defaultdict(list)
     for run_dir in run_dirs:
-        rows = [r for r in _rows(run_dir) if r.get("status") == "ok" and "domain" in r]
+        rows = [r for r in run_rows(run_dir) if r.get("status") == "ok" and "domain" in r]
         domain_at = {(r["round"], r["client"]): r["domain"] for r in rows}
         since: dict[int, int] = {}
         last: dict[int, str] = {}

@@ -22,11 +22,11 @@ from __future__ import annotations
 
 import fcntl
 import hashlib
-import json
 import logging
 import math
 import multiprocessing
 import os
+import secrets
 import socket
 import sys
 import time
@@ -46,7 +46,7 @@ from tqdm import tqdm
 from fedrapp_app.bench.rows import make_failed_row, make_row, read_rows, write_rows, write_text_atomic
 from fedrapp_app.bench.schema import BenchError, BenchSpec, Cell, irrelevant_keys
 from fedrapp_app.config import DEFAULTS, ConfigError, RunConfig
-from fedrapp_app.recording.results import git_state
+from fedrapp_app.recording.results import git_state, run_rows
 
 log = logging.getLogger("fedrapp.bench")
 
@@ -142,16 +142,37 @@ def set_threads(threads: int | None) -> None:
         torch.set_num_threads(threads)
 
 
+#: The grid's own secret for seeded dp noise, in its runs folder (readable by its owner only).
+DP_SECRET_FILE = "dp-noise-secret"
+
+
+def grid_secret(runs_dir: Path) -> str:
+    """The secret that seeds this grid's dp noise: drawn from the OS once per grid (the first cell to need it
+    writes it, the others and a rerun read it), so that no two grids share noise and nobody without the file can
+    draw it again."""
+    path = Path(runs_dir) / DP_SECRET_FILE
+    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileExistsError:
+        return path.read_text().strip()
+    with os.fdopen(fd, "w") as f:
+        f.write(secrets.token_hex(32) + "\n")
+    log.warning("dp cells: their noise is seeded by a secret drawn for this grid, kept in %s", path)
+    return path.read_text().strip()
+
+
 @contextmanager
-def _seeded_dp_noise() -> Iterator[None]:
-    """Under dp a cell's noise seeded (``FEDRAPP_DP_SEED``, unless the user set one): a benchmark is an experiment,
-    whose rows must come out the same on a rerun; a deployment draws its noise from the OS (docs/privacy.md)."""
+def _seeded_dp_noise(runs_dir: Path, private: bool) -> Iterator[None]:
+    """Under dp a cell's noise seeded (``FEDRAPP_DP_SEED``: the user's, else the grid's own secret,
+    :func:`grid_secret`): a benchmark is an experiment whose cut cells resume to the rows a whole one gives; a
+    deployment draws its noise from the OS (docs/privacy.md). Each run's folder says ``noise_seeded``."""
     from fedrapp_app.privacy.upload import SEED_ENV
 
-    if os.environ.get(SEED_ENV):
+    if not private or os.environ.get(SEED_ENV):
         yield
         return
-    os.environ[SEED_ENV] = "fedrapp-bench"
+    os.environ[SEED_ENV] = grid_secret(runs_dir)
     try:
         yield
     finally:
@@ -188,7 +209,10 @@ def run_cell(
     config = {**overrides, "output-dir": str(runs_dir), "run-name": cell_id, "resume": resume}
     validated = RunConfig.from_run_config(config)
     start = time.perf_counter()
-    with reuse.on(REUSE_ENTRIES), _seeded_dp_noise():  # a setting's cells see the same batches: render, embed once
+    with (
+        reuse.on(REUSE_ENTRIES),
+        _seeded_dp_noise(runs_dir, bool(validated["dp"])),
+    ):  # a setting's cells see the same batches: render, embed once
         grid = InProcessGrid(client_app, int(validated["num-clients"]), config)
         try:  # the runner owns its cell folders: without a checkpoint, what a folder holds is a cut cell's leftovers
             summary = run_server(grid, config, on_round=on_round, overwrite=not resume)
@@ -201,7 +225,7 @@ def run_cell(
             summary = run_server(grid, config, on_round=on_round, overwrite=True)
     seconds = time.perf_counter() - start
     run_dir = Path(summary["run_dir"])
-    rounds = [json.loads(line) for line in (run_dir / "rounds.jsonl").read_text().splitlines() if line]
+    rounds = run_rows(run_dir)  # under dp with the clients' outcomes merged
     return CellResult(summary, rounds, client_domains(validated.data_spec()), seconds, where_this_runs())
 
 

@@ -12,13 +12,34 @@ _DP_KEYS = ("dp-epsilon", "dp-delta", "dp-clip")
 
 
 def check(v: Mapping[str, Scalar]) -> list[str]:
-    """δ below 1, and the budget's keys act only with dp on (a budget that needs too much noise for a client's
-    stream is refused where the streams are known: the pre-start check, or the client before its first upload)."""
+    """δ below 1/(number of clients), a finite clip, and the budget's keys act only with dp on (a budget that needs
+    too much noise for a client's stream is refused where the streams are known: the pre-start check, or the client
+    before its first upload).
+
+    The protected unit is a client: a mechanism that publishes one client of n whole at random is (0, 1/n)-DP, so
+    δ ≥ 1/n promises nothing (the usual bound; with num-clients = 0 it is checked once the SuperNodes are counted).
+    """
     problems = []
+    clients = int(v["num-clients"])  # 0: one per SuperNode, known once the run starts
     if not v["dp-delta"] < 1:
-        problems.append(problem("dp-delta", v["dp-delta"], "must be < 1 (e.g. 1e-5, below 1/samples)"))
+        problems.append(problem("dp-delta", v["dp-delta"], "must be < 1 (e.g. 1e-5, below 1/num-clients)"))
+    elif v["dp"] and clients and not v["dp-delta"] < 1 / clients:
+        problems.append(
+            problem(
+                "dp-delta",
+                v["dp-delta"],
+                f"must be < 1/num-clients = {1 / clients:.3g}: with δ at or above it the guarantee allows one "
+                "client's data to be published whole (e.g. 1e-5)",
+            )
+        )
     if math.isnan(v["dp-epsilon"]):
         problems.append(problem("dp-epsilon", v["dp-epsilon"], "must be a number > 0 (inf: clipping without noise)"))
+    if not math.isfinite(v["dp-clip"]):
+        problems.append(
+            problem(
+                "dp-clip", v["dp-clip"], "must be a finite number > 0: an infinite clip bounds nothing (e.g. 0.001)"
+            )
+        )
     inert = [k for k in _DP_KEYS if v[k] != _DEFAULTS[k]]
     if inert and not v["dp"]:
         problems.append(  # the fix is another key's value, so not problem()'s hint to change this one
@@ -49,7 +70,7 @@ GROUP = Group(
         Key(
             "dp-delta",
             1e-5,
-            "the budget's delta, below 1 (well below 1 / a client's samples)",
+            "the budget's delta: below 1 / num-clients (the protected unit is a client), e.g. 1e-5",
             minimum=0.0,
             exclusive_minimum=True,
         ),

@@ -6,7 +6,9 @@ change between rounds. The frozen model and the class-name buffers are cached pe
 determines them), the streams by the data layer: in simulation one process serves many nodes in turn.
 
 Labels are read in exactly one place, ``_right``, to score predictions for the report (accuracy, calibration,
-accuracy per shift domain).
+accuracy per shift domain). Under ``dp = true`` those outcomes never leave the client: its reply carries only the
+allow-listed fields (``records.PRIVATE_REPLY_METRICS``), the rest goes to its outcome file
+(``recording/outcomes.py``), and a position asked again is answered from its release log (``privacy/upload.py``).
 """
 
 from __future__ import annotations
@@ -45,16 +47,27 @@ from fedrapp_app.federation.records import (
     PROMPT,
     RELEASED_METRICS,
     arrays_to_record,
+    parse_outcome,
+    private_reply,
     probe_metrics,
     prompt_to_record,
     record_to_arrays,
     record_to_prompt,
+    scored_fields,
 )
 from fedrapp_app.methods import LocalMethod, make_method
 from fedrapp_app.methods.base import Adaptation
 from fedrapp_app.metrics.calibration import calibration_bins
-from fedrapp_app.privacy.upload import own_share_restored, private_upload, split_state
+from fedrapp_app.privacy.upload import (
+    ReleaseRefused,
+    logged_reply,
+    own_share_restored,
+    private_upload,
+    split_state,
+    stored_release,
+)
 from fedrapp_app.recording.checkpoint import load_client_snapshot, save_client_snapshot
+from fedrapp_app.recording.outcomes import append_outcome
 
 STREAM_STATE = "fedrapp-stream"
 METHOD_STATE = "fedrapp-method"
@@ -317,8 +330,19 @@ def train(msg: Message, context: Context) -> Message:
             RecordDict({METRICS: MetricRecord({"client-id": client.client_id, "exhausted": 1})}),
             reply_to=msg,
         )
+    dp = bool(client.config["dp"])
+    if dp:
+        replayed = _replayed(context, client, round_config, position)
+        if replayed is not None:  # released before: the same release again, no new noise and no new loss
+            return Message(replayed, reply_to=msg)
+        if rebuilt:
+            raise ReleaseRefused(
+                f"under dp this client's release log is lost (no snapshot of stream position {position}): it cannot "
+                "tell whether that position was released already, and a second release of it would exceed the "
+                "privacy budget; restore its state folder, or start a new run"
+            )
     pclip = client.prompted()
-    method_state, kept = split_state(method_state)  # kept: under dp, the last upload exact and as released
+    method_state, kept = split_state(method_state)  # kept: under dp, the last upload and the release log
     method = client.method(method_state)
     t_model = time.perf_counter()
 
@@ -341,13 +365,15 @@ def train(msg: Message, context: Context) -> Message:
     skipped = {"skipped-samples": [str(s) for s in batch.skipped]} if batch.skipped else {}
     notes = ConfigRecord({**placement(), "device": current_device_description(pclip.device), **skipped})
     if not batch.labels.size:  # nothing decodable: the batch is consumed and reported, nothing is adapted
+        metrics, notes = {**base, "skipped-batch": 1}, dict(notes)
+        if dp:
+            metrics, notes = _kept_private(context, client, round_config, position, metrics, notes, 0)
         _advance(context, client, round_config, position, {**(method_state or {}), **kept})
-        return Message(_reply(None, {**base, "skipped-batch": 1}, notes), reply_to=msg)
+        return Message(_reply(None, metrics, ConfigRecord(notes)), reply_to=msg)
 
     pixel_values = pclip.preprocess(batch.images)
     t_data = time.perf_counter()
     received = record_to_prompt(msg.content[PROMPT])
-    dp = bool(client.config["dp"])
     if dp:  # the client's exact prompt in place of the server's noised copy of it, in the rule's share of it
         received_start = own_share_restored(received, kept, float(round_config.get("own-weight", 0.0)))
     prompt = [torch.from_numpy(np.array(b)) for b in (received_start if dp else received)]
@@ -402,21 +428,75 @@ def train(msg: Message, context: Context) -> Message:
         metrics.update(probe_metrics(name, probe))
         metrics[f"correct-{PROBE_METRICS[name]}"] = _score(probe.predictions, batch.labels)
     state = method.state_dict()
-    if dp:  # the upload and the scalars the rule reads leave only noised (privacy/upload.py)
+    notes = dict(notes)
+    if dp:  # the upload and the scalars the rule reads leave only noised, the outcomes not at all
         private = private_upload(
             upload, received, {k: metrics[k] for k in ("h-pre", "h-post", *RELEASED_METRICS) if k in metrics},
             len(pclip.classnames), (float(client.config["dp-epsilon"]), float(client.config["dp-delta"])),
-            float(client.config["dp-clip"]), client.stream.num_batches, seed, client.client_id, position,
+            float(client.config["dp-clip"]), client.stream.num_batches, kept,
+            (str(round_config.get("run-token", "")), seed, client.client_id, position),
         )  # fmt: skip
         upload = private.blocks
-        metrics.update({**private.scalars, **private.metrics})
-        state = {**state, **private.state}
+        exact = {f"exact-{k}": metrics[k] for k in private.scalars}  # for the outcome file: the experimenter's view
+        metrics.update({**exact, **private.scalars, **private.metrics, "t-total": time.perf_counter() - t_start})
+        metrics, notes = _kept_private(context, client, round_config, position, metrics, notes, len(batch.labels))
+        state = {**state, **private.state, **logged_reply(metrics)}
     _advance(context, client, round_config, position, state)
-    metrics["t-total"] = time.perf_counter() - t_start
-    reply = _reply(prompt_to_record(upload), metrics, notes)
+    if not dp:
+        metrics["t-total"] = time.perf_counter() - t_start
+    reply = _reply(prompt_to_record(upload), metrics, ConfigRecord(notes))
     if result.payload:  # arrays uploaded beside the prompt, as float32 (the server validates them)
         reply[PAYLOAD] = arrays_to_record({k: np.asarray(v, dtype=np.float32) for k, v in result.payload.items()})
     return Message(reply, reply_to=msg)
+
+
+def _kept_private(
+    context: Context,
+    client: ClientSetup,
+    round_config: Mapping[str, Any],
+    position: int,
+    metrics: dict[str, Any],
+    notes: dict[str, Any],
+    num_examples: int,
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Under dp: the reply's allow-listed metrics and notes; everything else this round scored or measured is
+    written to the client's outcome file first (the row fields the server would have computed from it)."""
+    where = snapshot_dir(context.node_config, round_config)
+    if where is None:
+        raise ReleaseRefused("dp = true needs a state folder for the release log and the outcome file; none was given")
+    public_metrics, public_notes, withheld = private_reply(metrics, notes)
+    record: dict[str, Any] = {"round": int(round_config.get("server-round", 0)), "client": client.client_id,
+                              "position": position}  # fmt: skip
+    if num_examples:
+        report, domains = withheld["metrics"], list(withheld["notes"].get("domains") or [])
+        fields, rest = scored_fields(report, parse_outcome(report, domains, num_examples), num_examples)
+        record.update(fields, client_metrics=rest)
+    skipped = [str(s) for s in withheld["notes"].get("skipped-samples") or []]
+    if skipped:
+        record.update(skipped=len(skipped), skipped_samples=skipped)
+    append_outcome(where, str(round_config["run-token"]), client.client_id, record)
+    return public_metrics, public_notes
+
+
+def _replayed(
+    context: Context, client: ClientSetup, round_config: Mapping[str, Any], position: int
+) -> RecordDict | None:
+    """Under dp, the reply to a stream position this client released before (its snapshot of the next position
+    holds the release: the server lost it to a crash before its checkpoint), with the state moved past it; None
+    where the position was never released. Only a client that restored its state from disk can meet one."""
+    where = snapshot_dir(context.node_config, round_config)
+    if STREAM_STATE in context.state or where is None:
+        return None
+    after = load_client_snapshot(where, str(round_config["run-token"]), client.client_id, position + 1)
+    stored = None if after is None else stored_release(split_state(after)[1], position)
+    if stored is None:
+        return None
+    blocks, metrics = stored
+    log.warning("client %d: stream position %d was released before; its stored release is sent again", client.client_id,
+                position)  # fmt: skip
+    _advance(context, client, round_config, position, after)
+    metrics = {**metrics, "dp-replayed": 1, "model-loaded": 0, "state-rebuilt": 0, "pid": os.getpid()}
+    return _reply(prompt_to_record(blocks), metrics, ConfigRecord(placement()))
 
 
 def _advance(

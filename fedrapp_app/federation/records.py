@@ -27,6 +27,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 from flwr.app import Array, ArrayRecord, RecordDict
@@ -65,6 +66,60 @@ OWN_PROMPT_FIELDS = tuple(key.replace("-", "_") for key in OPTIONAL_RULE_METRICS
 VOTE_METRICS = tuple(key for key in OPTIONAL_RULE_METRICS if key.startswith("v-"))
 #: The optional rule metrics that are data (released through the mechanism under dp): all but the public sigmas.
 RELEASED_METRICS = tuple(key for key in OPTIONAL_RULE_METRICS if key not in DP_SIGMAS)
+
+
+# ----- what a private reply may carry (dp = true) -------------------------------------------------------------
+#: Under dp, the only metrics a train reply may carry, each with why the server may see it. Everything else a
+#: client computes (right predictions, calibration bins, per-domain counts, the method's statistics, skipped samples,
+#: timings) stays on the client, in its outcome file (``recording/outcomes.py``). The protected unit is a client's
+#: stream of a known length: replacing its images (and labels) by any other stream of that length changes none of the
+#: public values below, and the released ones only through the mechanism.
+PRIVATE_REPLY_METRICS: dict[str, str] = {
+    "client-id": "the client the server sent the message to (the protocol's address)",
+    "stream-position": "the batch the server asked for (it sent the position in the message)",
+    "remaining-batches": "the stream's length minus the position: the stream's length is public",
+    "num-examples": "the batch's size, fixed by batch-size and the stream's length",
+    "h-pre": "released through the mechanism: clamped to [0, ln C] and noised",
+    "h-post": "released through the mechanism: clamped to [0, ln C] and noised",
+    **{key: "released through the mechanism: clamped to its range and noised" for key in RELEASED_METRICS},
+    "dp-noise": "the noise multiplier: a function of (epsilon, delta) and the stream's length",
+    "dp-rounds": "the releases the noise was calibrated for: the stream's length in batches",
+    "dp-sigma-vote": "the noise of a released vote: a function of the budget and the public ranges",
+    "dp-sigma-entropy": "the noise of a released entropy: a function of the budget, ln C and the public ranges",
+    "dp-seeded": "whether FEDRAPP_DP_SEED seeds the noise: a fact of the client's set-up, not of its data",
+    "dp-replayed": "1 when the reply repeats the release of a position asked again (nothing new is released)",
+    "exhausted": "the stream ended: its length is public",
+    "skipped-batch": "no file of the batch could be decoded: a fact of the storage, not of the images' content",
+    "model-loaded": "whether this process loaded the frozen model for this round (a fact of the process)",
+    "state-rebuilt": "whether the client lost its state and rebuilt it (a fact of the process)",
+    "pid": "the process that served the round (a fact of the deployment)",
+}
+#: Under dp, the only notes a train reply may carry: where the client ran (facts of the deployment, not the data).
+PRIVATE_REPLY_NOTES: dict[str, str] = {
+    "host": "the host name the client ran on",
+    "ray-node": "the Ray node of the simulation engine",
+    "device": "the device the client computed on",
+}
+
+
+def private_reply(metrics: Mapping, notes: Mapping) -> tuple[dict, dict, dict]:
+    """(metrics, notes, withheld) of a reply under dp: the allow-listed metrics and notes, and everything else
+    (``{"metrics": ..., "notes": ...}``), which the client keeps in its outcome file."""
+    withheld = {
+        "metrics": {k: v for k, v in metrics.items() if k not in PRIVATE_REPLY_METRICS},
+        "notes": {k: v for k, v in notes.items() if k not in PRIVATE_REPLY_NOTES},
+    }
+    public_metrics = {k: v for k, v in metrics.items() if k in PRIVATE_REPLY_METRICS}
+    return public_metrics, {k: v for k, v in notes.items() if k in PRIVATE_REPLY_NOTES}, withheld
+
+
+def outside_private_reply(content: RecordDict) -> list[str]:
+    """The metric and note names of a reply beyond what a private reply may carry (the server refuses those under
+    dp: a client of another version, or one that does not filter)."""
+    metrics = content.metric_records.get(METRICS)
+    notes = content.config_records.get(NOTES)
+    extra = [k for k in (metrics or {}) if k not in PRIVATE_REPLY_METRICS]
+    return sorted(extra + [f"notes.{k}" for k in (notes or {}) if k not in PRIVATE_REPLY_NOTES])
 
 
 def probe_metrics(name: str, score) -> dict[str, float]:
@@ -251,7 +306,7 @@ def parse_train_reply(
     return Upload(int(client), vector, h_pre, h_post, int(num_examples), report, **own, payload=arrays)
 
 
-# ----- what the results read besides accuracy (ours, issue 26) ------------------------------------------------
+# ----- what the results read besides accuracy (ours) ---------------------------------------------------------
 #: Reporting metrics with a shape the server checks: the calibration bins after (``calib-*``) and before
 #: (``calib-before-*``) adaptation, and the samples and right predictions per shift domain (``domain-*``; the
 #: domains' names travel in the notes, ``domains``).
@@ -299,3 +354,36 @@ def parse_outcome(report: Mapping, domain_names: Sequence[str], num_examples: in
             )
         domains = {d: (a, b) for d, a, b in zip(domain_names, n, right, strict=True)}
     return Outcome(bins.get("calibration"), bins.get("calibration_before"), domains)
+
+
+def outcome_fields(outcome: Outcome) -> dict[str, Any]:
+    """A row's calibration and shift-domain fields: ``ece`` / ``ece_before`` of the batch and the bins that add
+    up to the run's (``calibration`` / ``calibration_before``); ``domains`` ``{name: [samples, right]}`` and
+    ``domain`` (the batch's one domain, or ``"mixed"``)."""
+    out: dict[str, Any] = {}
+    for name, bins in (("calibration", outcome.calibration), ("calibration_before", outcome.calibration_before)):
+        if bins is not None:
+            out[name] = bins.as_lists()
+            out["ece" + name[len("calibration") :]] = bins.ece
+    if outcome.domains:
+        out["domains"] = {d: list(counts) for d, counts in outcome.domains.items()}
+        out["domain"] = next(iter(outcome.domains)) if len(outcome.domains) == 1 else "mixed"
+    return out
+
+
+def scored_fields(report: Mapping[str, Any], outcome: Outcome, num_examples: int) -> tuple[dict[str, Any], dict]:
+    """(fields, rest) of a scored reply's reporting metrics: the row fields that come from scoring the predictions
+    against the labels (``correct``, ``correct_before``, ``acc``, ``acc_before``, the :func:`outcome_fields`,
+    ``acc_own``, ``acc_probe``; only those the metrics hold: none under dp, where they stay on the client), and the
+    metrics left for the row's ``client_metrics``."""
+    rest = {k: v for k, v in report.items() if k not in OUTCOME_METRICS and k != "skipped"}
+    fields: dict[str, Any] = {}
+    for key, name, acc in (("correct", "correct", "acc"), ("correct-before", "correct_before", "acc_before")):
+        if key in rest:
+            fields[name] = int(rest.pop(key))
+            fields[acc] = fields[name] / num_examples
+    fields.update(outcome_fields(outcome))
+    for key, acc in (("correct-own", "acc_own"), (f"correct-{PROBE_METRICS[PROBE]}", "acc_probe")):
+        if key in rest:
+            fields[acc] = int(rest.pop(key)) / num_examples
+    return fields, rest

@@ -23,7 +23,7 @@ from fedrapp_app.config import RESUMABLE_KEYS, ConfigError, RunConfig
 from fedrapp_app.federation.errors import describe
 from fedrapp_app.federation.exchange import send_and_collect
 from fedrapp_app.federation.population import Population
-from fedrapp_app.federation.records import OUTCOME_METRICS, Outcome
+from fedrapp_app.federation.records import Outcome, scored_fields
 from fedrapp_app.federation.strategy import ClientRow, PersonalizedPromptStrategy, RoundReport, count_nodes
 from fedrapp_app.methods import find_method
 from fedrapp_app.privacy.ledger import PrivacyLedger
@@ -71,21 +71,6 @@ def top_peers(weights: np.ndarray, k: int = MAX_ROW_PEERS) -> tuple[dict[int, fl
     return {int(j): float(weights[j]) for j in kept}, rest
 
 
-def outcome_fields(outcome: Outcome) -> dict[str, Any]:
-    """A row's calibration and shift-domain fields: ``ece`` / ``ece_before`` of the batch and the bins that add
-    up to the run's (``calibration`` / ``calibration_before``); ``domains`` ``{name: [samples, right]}`` and
-    ``domain`` (the batch's one domain, or ``"mixed"``)."""
-    out: dict[str, Any] = {}
-    for name, bins in (("calibration", outcome.calibration), ("calibration_before", outcome.calibration_before)):
-        if bins is not None:
-            out[name] = bins.as_lists()
-            out["ece" + name[len("calibration") :]] = bins.ece
-    if outcome.domains:
-        out["domains"] = {d: list(counts) for d, counts in outcome.domains.items()}
-        out["domain"] = next(iter(outcome.domains)) if len(outcome.domains) == 1 else "mixed"
-    return out
-
-
 def _row(row: ClientRow, report: RoundReport) -> dict[str, Any]:
     """One JSONL row: the client's upload and report metrics plus the rule's diagnostics for it."""
     out: dict[str, Any] = {"client": row.client_id, "node": row.node_id, "status": row.status}
@@ -101,34 +86,18 @@ def _row(row: ClientRow, report: RoundReport) -> dict[str, Any]:
     if row.upload is None:
         return out
     u, c = row.upload, row.client_id
-    report_metrics = dict(u.report)
-    report_metrics.pop("skipped", None)  # the row's own ``skipped`` (with the names) says it
-    out.update(
-        num_examples=u.num_examples,
-        correct=int(report_metrics.pop("correct", 0)),
-        correct_before=int(report_metrics.pop("correct-before", 0)),
-        h_pre=u.h_pre,
-        h_post=u.h_post,
-    )
-    out["acc"] = out["correct"] / u.num_examples
-    out["acc_before"] = out["correct_before"] / u.num_examples
+    # under dp the report holds no label-derived field: the client keeps those (recording/outcomes.py)
+    scored, report_metrics = scored_fields(u.report, row.outcome or Outcome(), u.num_examples)
+    out.update(num_examples=u.num_examples, h_pre=u.h_pre, h_post=u.h_post, **scored)
     out["upload_bytes"] = u.upload_bytes  # the prompt and any payload the rule read
     if row.download_bytes is not None:
         out["download_bytes"] = row.download_bytes  # what it was sent: the prompt, probes and any payload
-    for key in OUTCOME_METRICS:
-        report_metrics.pop(key, None)
-    if row.outcome is not None:
-        out.update(outcome_fields(row.outcome))
     if u.h_own is not None:  # the own last tuned prompt on the batch (report-own-prompt)
         out["h_own"] = u.h_own
-        if "correct-own" in report_metrics:
-            out["acc_own"] = int(report_metrics.pop("correct-own")) / u.num_examples
     if u.v_pre is not None and u.v_own is not None:  # the neighbour votes for the received and the own prompt
         out.update(v_pre=u.v_pre, v_own=u.v_own)
     if u.h_probe is not None:  # the probe the rule sent, against the own prompt (FedRAPP's trust probe)
         out.update(h_probe=u.h_probe, hm_probe=u.hm_probe)
-        if "correct-probe" in report_metrics:
-            out["acc_probe"] = int(report_metrics.pop("correct-probe")) / u.num_examples
     if report.rule_error:
         out["rule_error"] = report.rule_error
     if report.output is not None:
@@ -348,6 +317,7 @@ def _run_rounds(
         log.warning("stopping: %s", stopped)
     elif not stopped:
         stopped = "streams ended" if strategy.finished else "num-rounds reached"
+    recorder.collect_outcomes()  # under dp: the clients' outcome files on this host (skipped samples among them)
     complete, unscored = unscored_samples(
         config.num_clients, strategy.num_samples, recorder.rows, stopped, capped=stopped == "num-rounds reached"
     )
@@ -360,7 +330,11 @@ def _run_rounds(
             "setup_seconds": setup_seconds,
             "discovery_seconds": discovery,
             "checkpoint_seconds": checkpoint_seconds,
-            **({"privacy": strategy.privacy.summary()} if strategy.privacy is not None else {}),
+            **(
+                {"privacy": (privacy := strategy.privacy.summary()), "noise_seeded": bool(privacy["noise_seeded"])}
+                if strategy.privacy is not None
+                else {}
+            ),  # fmt: skip
         }
     )
     log.info(

@@ -52,6 +52,7 @@ from fedrapp_app.federation.records import (
     Upload,
     arrays_to_record,
     flatten,
+    outside_private_reply,
     parse_outcome,
     parse_train_reply,
     payload_shapes,
@@ -622,7 +623,7 @@ class PersonalizedPromptStrategy(Strategy):
         spent = None
         try:
             if self.privacy is not None:  # the release counts whatever becomes of it; its noise widens the norm bound
-                spent, max_norm = self._released(client, metrics, max_norm)
+                spent, max_norm = self._released(client, content, max_norm)
             upload = parse_train_reply(content, client, self.shapes, max_norm, self.payload)
             outcome = parse_outcome(upload.report, domains, upload.num_examples)
         except RejectedReply as err:
@@ -634,15 +635,32 @@ class PersonalizedPromptStrategy(Strategy):
         row.dp_epsilon = spent
         return row
 
-    def _released(self, client: int, metrics: MetricRecord | None, max_norm: float) -> tuple[float, float]:
-        """Under dp: count the reply's release in the ledger; (the client's ε after it, the norm bound for it)."""
+    def _released(self, client: int, content: RecordDict, max_norm: float) -> tuple[float, float]:
+        """Under dp: count the reply's release in the ledger (once per stream position: a replayed release of a
+        position counted before adds nothing); (the client's ε after it, the norm bound for it). ``RejectedReply``
+        after counting where the reply carries more than a private reply may (its fields are named)."""
+        metrics = content.metric_records.get(METRICS)
         noise = None if metrics is None else metrics.get("dp-noise")
         if not isinstance(noise, int | float) or isinstance(noise, bool):
             raise RejectedReply("dp = true, but the reply carries no dp-noise (a client without differential privacy)")
+        position = int(metrics.get("stream-position", -1))
         try:
-            spent = self.privacy.record(client, float(noise))
+            spent = self.privacy.record(client, float(noise), position, replayed=bool(metrics.get("dp-replayed", 0)))
         except ValueError as err:
             raise RejectedReply(str(err)) from None
+        if metrics.get("dp-seeded", 0) and client not in self.privacy.seeded:
+            self.privacy.seeded.add(client)
+            log.warning(
+                "client %d: its dp noise is seeded (FEDRAPP_DP_SEED in its environment): for experiments only; "
+                "anyone who knows the secret can draw the noise again and remove it",
+                client,
+            )
+        extra = outside_private_reply(content)
+        if extra:
+            raise RejectedReply(
+                f"under dp a reply may carry only the allow-listed fields (docs/privacy.md); this one also carries "
+                f"{extra} (a client of another version, or a plugin that sends them)"
+            )
         sent_norm = float(np.linalg.norm(self.state.sent[client]))
         return spent, self.privacy.upload_bound(max_norm, sent_norm, float(noise), int(self.p0.size))
 

@@ -1,4 +1,4 @@
-"""What an honest-but-curious server learns from the uploads alone (ours, issue 38): three attacks, scored against
+"""What an honest-but-curious server learns from the uploads alone (ours): three attacks, scored against
 the testbed's truth by ``benchmarks/upload_leakage.py``.
 
 The server sees, per client i and round t, the update Δ_i(t) = P̃_i(t) − sent_i(t) (d numbers). The attacks use

@@ -1,4 +1,4 @@
-"""Client-level differential privacy of an upload (ours, issue 38): clip on the client, add Gaussian noise there.
+"""Client-level differential privacy of an upload (ours): clip on the client, add Gaussian noise there.
 
 What a client uploads in a round is one vector: its prompt update Δ = P̃ − sent (d numbers, the prompt it tuned
 minus the prompt it was sent) and the scalars the server's rule reads (H_pre and H_post, and the own-prompt
@@ -57,8 +57,8 @@ def calibrate(
     z = 0 is clipping without noise (ε = ∞)."""
     if not (noise_multiplier >= 0 and math.isfinite(noise_multiplier)):
         raise ValueError(f"noise multiplier {noise_multiplier!r} must be a finite number >= 0")
-    if not clip_rms > 0 or dim < 1:
-        raise ValueError(f"the clip ({clip_rms!r}) must be > 0 and the prompt size ({dim}) at least 1")
+    if not (clip_rms > 0 and math.isfinite(clip_rms)) or dim < 1:
+        raise ValueError(f"the clip ({clip_rms!r}) must be finite and > 0 and the prompt size ({dim}) at least 1")
     for name, (lo, hi) in bounds.items():
         if not (math.isfinite(lo) and math.isfinite(hi) and lo < hi):
             raise ValueError(f"the range of {name} must be finite with lo < hi, got ({lo}, {hi})")
@@ -80,6 +80,11 @@ def clip_update(delta: NDArray[np.floating], bound: float) -> tuple[NDArray[np.f
     delta = np.asarray(delta, dtype=np.float64)
     norm = float(np.linalg.norm(delta))
     return (delta * (bound / norm) if norm > bound else delta.copy()), norm
+
+
+class NonFiniteUpload(ValueError):
+    """A tuned prompt, a sent prompt or a scalar that is NaN or infinite: nothing is released (the clip and the
+    clamp cannot bound it: ``nan > bound`` is false), and no draw is made."""
 
 
 @dataclass(frozen=True)
@@ -108,6 +113,11 @@ def release(
     unknown = sorted(set(scalars) - set(calibration.bounds))
     if unknown:
         raise ValueError(f"no public range for the scalar(s) {unknown}: they cannot be released privately")
+    bad = [name for name, array in (("the tuned prompt", tuned), ("the sent prompt", sent))
+           if not np.isfinite(array).all()]  # fmt: skip
+    bad += [name for name in sorted(scalars) if not math.isfinite(float(scalars[name]))]
+    if bad:
+        raise NonFiniteUpload(f"{', '.join(bad)} hold(s) NaN or Inf: nothing was released this round")
     update, norm = clip_update(tuned - sent, calibration.clip)
     sigma = calibration.prompt_sigma
     if sigma > 0:

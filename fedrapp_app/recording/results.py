@@ -33,7 +33,9 @@ import numpy as np
 
 from fedrapp_app.metrics.calibration import Bins
 from fedrapp_app.metrics.switches import Batch, switch_metrics
+from fedrapp_app.privacy.upload import seeded
 from fedrapp_app.recording.checkpoint import CLIENT_STATE_DIR, SERVER_FILE, ServerCheckpoint
+from fedrapp_app.recording.outcomes import merge_outcomes, private_run, read_outcomes
 
 log = logging.getLogger("fedrapp.results")
 
@@ -88,6 +90,21 @@ def write_json_atomic(path: Path, payload: Any) -> None:
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(json.dumps(payload, indent=2, default=_json_default))
     os.replace(tmp, path)
+
+
+def run_rows(run_dir: str | Path, folders: tuple[Path, ...] = ()) -> list[dict[str, Any]]:
+    """The rows of a run folder's ``rounds.jsonl`` ([] before its first round); under dp with the clients' outcome
+    files merged (those in the run folder and in ``folders``: ``recording/outcomes.py``)."""
+    run_dir = Path(run_dir)
+    path = run_dir / "rounds.jsonl"
+    if not path.is_file():
+        return []
+    rows = read_rows(path)
+    config_path = run_dir / "config.json"
+    config = json.loads(config_path.read_text()).get("config", {}) if config_path.is_file() else {}
+    if private_run(config):
+        merge_outcomes(rows, read_outcomes((run_dir, *folders)))
+    return rows
 
 
 def read_rows(path: Path) -> list[dict[str, Any]]:
@@ -250,7 +267,7 @@ def outcome_summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
             domains[domain][1] += right
         if "domain" in row:
             batches[row["client"]].append(Batch(row["domain"], row["num_examples"], row["correct"]))
-    held = [r for r in ok if r.get("held_out")]
+    held = [r for r in ok if r.get("held_out") and "correct" in r]  # under dp: those whose outcome is merged
     held_samples = sum(r["num_examples"] for r in held)
     moves = [(r["moved"], r.get("why_unmoved", "")) if "moved" in r else movement(r) for r in ok]
     judged = [(moved, why) for moved, why in moves if moved is not None]
@@ -314,17 +331,27 @@ class RunRecorder:
         self.summary_path = self.run_dir / "summary.json"
         self.correct: dict[int, int] = defaultdict(int)
         self.correct_before: dict[int, int] = defaultdict(int)
-        self.seen: dict[int, int] = defaultdict(int)
+        self.seen: dict[int, int] = defaultdict(int)  # samples scored (under dp: whether or not the server knows how)
+        self.known: dict[int, int] = defaultdict(int)  # of those, the samples whose outcome this folder holds
         self.skipped: dict[int, int] = defaultdict(int)
         self.rows: list[dict[str, Any]] = []
+        #: under dp: how the clients' outcome files were merged (:meth:`collect_outcomes`); None before
+        self.outcomes: dict[str, Any] | None = None
         self.rounds = 0
         self.resumed_after = resume_after
         kept: list[dict[str, Any]] = []
         if resume_after is not None and self.rounds_path.is_file():
             kept = [r for r in read_rows(self.rounds_path) if r["round"] <= resume_after]
         else:
+            private = {"noise_seeded": seeded()} if private_run(config) else {}  # as this host's environment says
+            if private.get("noise_seeded"):
+                log.warning(
+                    "dp = true with FEDRAPP_DP_SEED set: the noise is seeded (experiments only: whoever knows the "
+                    "secret can remove it); config.json and summary.json record noise_seeded"
+                )
             write_json_atomic(
-                self.run_dir / "config.json", {"config": config, **self.provenance, "started": self.started}
+                self.run_dir / "config.json",
+                {"config": config, **private, **self.provenance, "started": self.started},
             )
         tmp = self.rounds_path.with_name(self.rounds_path.name + ".tmp")
         tmp.write_text("".join(json.dumps(r, default=_json_default) + "\n" for r in kept))
@@ -343,9 +370,34 @@ class RunRecorder:
         for r in rows:
             self.skipped[r["client"]] += int(r.get("skipped", 0) or 0)
             if r["status"] == "ok":
-                self.correct[r["client"]] += r["correct"]
-                self.correct_before[r["client"]] += r["correct_before"]
                 self.seen[r["client"]] += r["num_examples"]
+                if "correct" in r:  # under dp, only once the client's outcome is merged
+                    self.known[r["client"]] += r["num_examples"]
+                    self.correct[r["client"]] += r["correct"]
+                    self.correct_before[r["client"]] += r["correct_before"]
+
+    def collect_outcomes(self, folders: tuple[Path, ...] = ()) -> None:
+        """Under dp: merge the outcome files of the clients that ran on this host (the run folder's
+        ``client-state/``; and ``folders``) into the rows the summary reads, and count again. ``rounds.jsonl``
+        stays the server's view."""
+        if not private_run(self.config) or not self.rounds_path.is_file():
+            return
+        rows = read_rows(self.rounds_path)
+        outcomes = read_outcomes((self.run_dir, *folders))
+        merge_outcomes(rows, outcomes)
+        for counter in (self.correct, self.correct_before, self.seen, self.known, self.skipped):
+            counter.clear()
+        self.rows = []
+        self._count(rows)
+        scored = [r for r in rows if r["status"] == "ok"]
+        missing = sum(1 for r in scored if "correct" not in r)
+        self.outcomes = {"kept_by_clients": True, "scored_rows": len(scored), "missing": missing}
+        if missing:
+            log.warning(
+                "%d of %d scored rows have no outcome in %s: clients on other hosts keep theirs in their state "
+                "folder (fedrapp-report %s --outcomes <their folder> merges them)",
+                missing, len(scored), self.run_dir / CLIENT_STATE_DIR, self.run_dir,
+            )  # fmt: skip
 
     def expect(self, num_clients: int, num_samples: dict[int, int]) -> None:
         """The federation's clients and their streams' sizes (discovery's), so that even a run that fails later
@@ -366,9 +418,11 @@ class RunRecorder:
             f.write("".join(json.dumps(row, default=_json_default) + "\n" for row in rows))
         self._count(rows)
         self.rounds = round_number
-        ok = [r for r in rows if r["status"] == "ok"]
+        ok = [r for r in rows if r["status"] == "ok" and "correct" in r]
         n = sum(r["num_examples"] for r in ok)
         line = f"round {round_number} | {progress_counts(rows)}"
+        if private_run(self.config) and any(r["status"] == "ok" for r in rows):
+            line += " | accuracy kept by the clients (dp)"
         if n:
             acc = sum(r["correct"] for r in ok) / n
             before = sum(r["correct_before"] for r in ok) / n
@@ -388,15 +442,17 @@ class RunRecorder:
         return line
 
     def micro(self) -> float:
-        """Online accuracy over every sample scored so far."""
-        total = sum(self.seen.values())
+        """Online accuracy over every sample scored so far whose outcome is known here."""
+        total = sum(self.known.values())
         return sum(self.correct.values()) / total if total else float("nan")
 
     def finish(self, extra: dict[str, Any] | None = None) -> dict[str, Any]:
-        """Write ``summary.json`` and return it."""
+        """Write ``summary.json`` and return it (under dp, with the clients' outcome files merged)."""
+        if self.outcomes is None:
+            self.collect_outcomes()
         clients = sorted(self.seen)
-        per_client = {c: self.correct[c] / self.seen[c] for c in clients if self.seen[c]}
-        total = sum(self.seen.values())
+        per_client = {c: self.correct[c] / self.known[c] for c in clients if self.known[c]}
+        total = sum(self.known.values())
         summary = {
             "status": "finished",
             "micro_accuracy": self.micro(),
@@ -406,7 +462,7 @@ class RunRecorder:
             **outcome_summary(self.rows),
             "per_client_samples": {c: self.seen[c] for c in clients},
             "per_client_skipped": {c: n for c, n in sorted(self.skipped.items()) if n},
-            "samples": total,
+            "samples": sum(self.seen.values()),
             "skipped": sum(self.skipped.values()),
             "rounds": self.rounds,
             "seconds": time.time() - self.started,
@@ -414,6 +470,7 @@ class RunRecorder:
             "run_dir": str(self.run_dir),
             "resumed_after_round": self.resumed_after,
             "rule_failures": rule_failures(self.rows),
+            **({"outcomes": self.outcomes} if self.outcomes is not None else {}),
             **(extra or {}),
             "config": self.config,
             **self.provenance,
@@ -427,6 +484,7 @@ class RunRecorder:
         samples left and why; every client's, with its size unknown, when the run ended before discovery) and
         the error."""
         why = f"the run {status}: {error.splitlines()[0] if error else status}"
+        self.collect_outcomes()
         if self.num_samples:
             _, unscored = unscored_samples(self.num_clients, self.num_samples, self.rows, why, capped=False)
         else:

@@ -1,4 +1,4 @@
-"""``fedrapp-report RUN_DIR [RUN_DIR ...] [--out DIR]`` (also ``python -m fedrapp_app.report``)."""
+"""``fedrapp-report RUN_DIR [RUN_DIR ...] [--out DIR] [--outcomes DIR ...]`` (also ``python -m fedrapp_app.report``)."""
 
 from __future__ import annotations
 
@@ -31,11 +31,20 @@ def main(argv: list[str] | None = None) -> int:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
     parser.add_argument("run_dirs", nargs="+", type=Path, metavar="RUN_DIR", help="a run folder (output-dir/run-name)")
     parser.add_argument("--out", type=Path, default=None, metavar="DIR", help=_OUT_HELP)
+    parser.add_argument(
+        "--outcomes", type=Path, action="append", default=[], metavar="DIR",
+        help="a dp run: a folder with the outcome files its clients kept on another host (their state folder, "
+        "copied here); repeat for each host. The run folder's own client-state/ is always read",
+    )  # fmt: skip
     args = parser.parse_args(argv)
+    missing = [str(d) for d in args.outcomes if not d.is_dir()]
+    if missing:
+        print(f"fedrapp-report: error: --outcomes {missing[0]}: no such folder", file=sys.stderr)
+        return 2
     from fedrapp_app.report.page import write_report  # matplotlib loads only once the arguments are fine
 
     try:
-        print(write_report(args.run_dirs, args.out))
+        print(write_report(args.run_dirs, args.out, args.outcomes))
     except RunError as err:
         print(f"fedrapp-report: error: {err}", file=sys.stderr)
         return 2

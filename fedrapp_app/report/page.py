@@ -416,11 +416,20 @@ def _privacy_section(run: Run) -> str:
     worst = max(spent.values())
     rows = [[c, "∞" if math.isinf(e) else f"{e:.3g}"] for c, e in sorted(spent.items())]
     text = "∞ (clipping without noise)" if math.isinf(worst) else f"{worst:.3g}"
+    seeded = bool((run.summary or {}).get("noise_seeded"))
     return (
         "## Privacy\n\n"
         f"Client-level differential privacy (`dp = true`, docs/privacy.md): each client's whole stream within "
-        f"epsilon = {budget} at delta = {delta}; the largest epsilon spent is {text}. The server saw every upload "
-        "clipped and noised; participation and timing are not protected.\n\n"
+        f"epsilon = {budget} at delta = {delta} (PLD accountant); the largest epsilon spent is {text}. The server "
+        "saw every upload clipped and noised and only the fields docs/privacy.md lists; the accuracy on this page "
+        "comes from the outcome files the clients kept. Which clients took part in a round and the streams' "
+        "lengths are public.\n\n"
+        + (
+            "**The noise was seeded** (`FEDRAPP_DP_SEED`): an experiment's noise, which anyone who knows the secret "
+            "can remove; a deployment leaves it unset.\n\n"
+            if seeded
+            else ""
+        )
         + _table(["client", "epsilon spent"], rows)
         + "\n"
     )
@@ -623,22 +632,25 @@ def write_compare_report(runs: Sequence[Run], out: Path, regenerate: str) -> Pat
     return out / REPORT_FILE
 
 
-def write_report(run_dirs: Sequence[Path] | Path | str, out: Path | None = None) -> Path:
+def write_report(run_dirs: Sequence[Path] | Path | str, out: Path | None = None, outcomes: Sequence[Path] = ()) -> Path:
     """Write the report of one run folder, or the comparison of several; return the ``report.md`` path.
 
     One run: into ``out`` (default ``run_dir/report``). Several: into ``out`` (default
-    :func:`default_compare_dir`), the first run being the reference. ``RunError`` names the first bad file.
+    :func:`default_compare_dir`), the first run being the reference. ``outcomes``: folders holding the outcome
+    files that a dp run's clients kept on other hosts (``recording/outcomes.py``). ``RunError`` names the first bad
+    file.
     """
     dirs = [Path(run_dirs)] if isinstance(run_dirs, str | Path) else [Path(d) for d in run_dirs]
     if not dirs:
         raise RunError("no run folder given: pass one or more (output-dir/run-name)")
-    runs = [load_run(d) for d in dirs]
+    runs = [load_run(d, outcomes) for d in dirs]
+    kept = "".join(f" --outcomes {Path(d).resolve()}" for d in outcomes)
     if len(runs) == 1:
         run = runs[0]
         target = Path(out) if out is not None else run.path / "report"
-        return write_run_report(run, target, f"fedrapp-report {run.path}")
+        return write_run_report(run, target, f"fedrapp-report {run.path}{kept}")
     target = Path(out) if out is not None else default_compare_dir(runs)
-    regenerate = "fedrapp-report " + " ".join(str(run.path) for run in runs) + f" --out {target.resolve()}"
+    regenerate = "fedrapp-report " + " ".join(str(run.path) for run in runs) + f" --out {target.resolve()}{kept}"
     return write_compare_report(runs, target, regenerate)
 
 

@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from fedrapp_app.config import DATA_KEYS, DEFAULTS
+from fedrapp_app.recording.outcomes import merge_outcomes, private_run, read_outcomes
 from fedrapp_app.recording.phases import read_launch
 from fedrapp_app.recording.results import SITTING_OUT
 from fedrapp_app.recording.runlock import LOCK_FILE
@@ -174,16 +175,20 @@ def _check_row(row: Any, where: str) -> None:
         raise RunError(f"{where}: 'peer_weights' must map peer ids to finite numbers, got {peers!r}")
 
 
-def read_rounds(path: Path, allow_cut_tail: bool = False) -> tuple[list[dict[str, Any]], list[str]]:
+def read_rounds(
+    path: Path, allow_cut_tail: bool = False, outcomes: Mapping[tuple[int, int], Mapping[str, Any]] | None = None
+) -> tuple[list[dict[str, Any]], list[str]]:
     """The rows of ``rounds.jsonl`` and notes; ``RunError`` naming the line of the first bad row.
 
     ``allow_cut_tail``: a last line without its newline that is not valid JSON (the writer was killed
-    mid-line) is left out with a note instead of failing.
+    mid-line) is left out with a note instead of failing. ``outcomes`` (a dp run's, ``recording/outcomes.py``):
+    merged into their rows; a scored row without one (its client kept it on another host) is left out with a note.
     """
     text = path.read_text()
     lines = text.splitlines()
     rows: list[dict[str, Any]] = []
     notes: list[str] = []
+    unscored = 0
     for number, line in enumerate(lines, 1):
         if not line.strip():
             continue
@@ -198,8 +203,23 @@ def read_rounds(path: Path, allow_cut_tail: bool = False) -> tuple[list[dict[str
                 f"{where}: not a JSON row ({err.msg} at column {err.colno}); each line must be one JSON object "
                 "as the run writes it: restore the file, or delete that line to report the rest"
             ) from err
+        if outcomes is not None and isinstance(row, dict):
+            merge_outcomes([row], outcomes)
+            if row.get("status") == "ok" and "correct" not in row:
+                unscored += 1
+                continue
         _check_row(row, where)
         rows.append(row)
+    if unscored and not rows:
+        raise RunError(
+            f"{path}: every scored row of this dp run has its outcome on the clients' hosts (none in the run "
+            "folder's client-state/): copy their state folders here and pass each with --outcomes DIR"
+        )
+    if unscored:
+        notes.append(
+            f"{unscored} scored row(s) of this dp run have no outcome here: their clients keep them in their own "
+            "state folders (another host's); copy those folders here and pass them with --outcomes DIR"
+        )
     if not rows:
         raise RunError(
             f"{path}: no rows: the run has not finished a single round (it failed at start or was stopped "
@@ -229,8 +249,10 @@ def _suggest_runs(folder: Path) -> str:
     return f"it holds run folders ({shown}): pass one or more of them"
 
 
-def load_run(folder: str | Path) -> Run:
-    """Read and check one run folder; ``RunError`` if it is not one or a file is malformed."""
+def load_run(folder: str | Path, outcomes: Sequence[str | Path] = ()) -> Run:
+    """Read and check one run folder; ``RunError`` if it is not one or a file is malformed. Under dp the clients'
+    outcome files are merged into the rows: those in the run folder and in the ``outcomes`` folders (clients' state
+    folders copied from other hosts)."""
     path = Path(folder).expanduser().resolve()
     if not path.is_dir():
         raise RunError(f"{path}: no such folder; pass the folder of a run (output-dir/run-name)")
@@ -255,7 +277,8 @@ def load_run(folder: str | Path) -> Run:
     if summary is not None:
         known = {k: summary[k] for k in ("versions", "python", "platform", "git", "components") if k in summary}
         provenance = {**known, **provenance}
-    rows, notes = read_rounds(rounds_path, allow_cut_tail=summary is None)
+    kept = read_outcomes((path, *(Path(f) for f in outcomes))) if private_run(config) else None
+    rows, notes = read_rounds(rounds_path, allow_cut_tail=summary is None, outcomes=kept)
     run = Run(path, dict(config), provenance, rows, summary, domains=[], notes=notes, locked=_lock_started(path))
     run.launch = read_launch(path)
     run.domains, note = client_domains_of(config, run.num_clients)
