@@ -13,17 +13,17 @@ parameters as a ``(target, {"key": value})`` pair. This project runs the kit on 
 points register, and on the two examples (tests/test_conformance.py), so the built-ins and the contract cannot
 drift apart.
 
-The rule checks are numpy only (milliseconds): parameters, outputs (shapes, dtypes, finite values, peer weights),
-the degenerate rounds real runs meet (uploads that did not move, one reply, equal entropies), client-order
-invariance, isolation (no write into the inputs or into earlier outputs; a raise inside the strategy's own rule
-application fails the round with the server state untouched), a newcomer, state round trip and resume (stateful
-rules), determinism (global RNGs included) and the cost of a round at 6 and 48 clients beside FedRAPP's. The
-method checks run the method on a tiny random CLIP (seconds): parameters, the initial prompt, what ``adapt``
-returns (shapes, finite values, predictions among the classes, confidences in [0, 1]; the received prompt left
-as it came), the entropies and predictions it reports recomputed from the prompts, state round trip,
-determinism under a seed, and (``slow``) a two-client federation run with the labels of every stream permuted:
-no upload, payload or client state may change (a difference is blamed on the labels only when an unpermuted
-rerun repeats the first run exactly).
+The rule checks are numpy only (milliseconds; the cost check a second or two): parameters, outputs (shapes, dtypes,
+finite values, peer weights), the degenerate rounds real runs meet (uploads that did not move, one reply, equal
+entropies), client-order invariance, isolation (no write into the inputs or into earlier outputs; a raise inside
+the strategy's own rule application fails the round with the server state untouched), a newcomer, state round trip
+and resume (stateful rules), determinism (global RNGs included) and the cost of a round at 6 and 48 clients
+(``cost_budget``). The method checks run the method on a tiny random CLIP (seconds): parameters, the initial
+prompt, what ``adapt`` returns (shapes, finite values, predictions among the classes, confidences in [0, 1]; the
+received prompt left as it came), the entropies and predictions it reports recomputed from the prompts, state round
+trip, determinism under a seed, and (``slow``) a two-client federation run with the labels of every stream
+permuted: no upload, payload or client state may change (a difference is blamed on the labels only when an
+unpermuted rerun repeats the first run exactly).
 
 Every check runs inside a guard (``guard.py``): process-wide state it leaves changed -- torch's grad mode, thread
 count and default dtype, the global RNGs, the kit's frozen CLIP -- fails it, named, and is restored.
