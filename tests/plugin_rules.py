@@ -1,9 +1,11 @@
 """Server rules that tests name as ``plugin_rules:NAME`` (the module:attribute form; tests/ is on the path):
-a hand-written twin of the example plugin, rules that fail in the ways a plugin may, and a stateful rule."""
+a hand-written twin of the example plugin, rules that fail in the ways a plugin may, a stateful rule, and the
+mistakes real plugins made that only real runs showed (the conformance kit's regression cases)."""
 
 from __future__ import annotations
 
 import dataclasses
+import time
 from dataclasses import dataclass
 
 import numpy as np
@@ -162,3 +164,92 @@ def fails_in_round_two(tuned, sent, memory, h_pre, h_post, replied, num_examples
     if _ROUNDS[0] == 2:
         raise RuntimeError("a bad day")
     return fedavg_round(tuned, sent, memory, h_pre, h_post, replied, num_examples)
+
+
+# ----- the mistakes real runs met, one each (tests/test_conformance.py: the kit must name each cause)
+def _update_cosines(x):
+    """Each replying client's cosine to the mean update (the plausible part the broken rules below share)."""
+    updates = x.tuned - x.sent
+    mean = updates[x.replied].mean(axis=0)
+    return updates @ mean / (np.linalg.norm(updates, axis=1) * np.linalg.norm(mean))  # 0/0 for an unmoved upload
+
+
+def _weighted_mix(x, weights):
+    """Each replying client is sent the mean of the uploads weighted by ``weights`` [N] (>= 0)."""
+    replying = np.flatnonzero(x.replied)
+    w = np.zeros(x.replied.shape[0])
+    w[replying] = weights[replying]
+    mixed = np.tile(w @ np.nan_to_num(x.tuned) / w.sum(), (x.replied.shape[0], 1))
+    absent = ~x.replied
+    xi = np.zeros((x.replied.shape[0],) * 2)
+    xi[np.ix_(replying, replying)] = w[replying] / w.sum()
+    return RoundOutput(keep_rows(mixed, x.memory32, absent), keep_rows(mixed, x.sent32, absent),
+                       mixing_diagnostics(x, absent.astype(np.float64), xi))  # fmt: skip
+
+
+@rule()
+def nan_when_unmoved(tuned, sent, memory, h_pre, h_post, replied, num_examples, params=None):
+    """Weights each upload by 1 + its cosine to the mean update: NaN for an upload that did not move."""
+    x = validate_round(tuned, sent, memory, h_pre, h_post, replied, num_examples)
+    return _weighted_mix(x, 1.0 + _update_cosines(x))
+
+
+@rule()
+def zscore_ddof1(tuned, sent, memory, h_pre, h_post, replied, num_examples, params=None):
+    """Weights each upload by exp(z-score of its entropy drop), the z-score with ddof = 1: NaN for one reply."""
+    x = validate_round(tuned, sent, memory, h_pre, h_post, replied, num_examples)
+    drop = np.where(x.replied, x.h_pre - x.h_post, 0.0)
+    z = (drop - drop[x.replied].mean()) / drop[x.replied].std(ddof=1)
+    return _weighted_mix(x, np.exp(z))
+
+
+@rule()
+def zscore_unguarded(tuned, sent, memory, h_pre, h_post, replied, num_examples, params=None):
+    """The z-score with ddof = 0 (and a single reply handled) but no floor under the spread: NaN when every
+    client reports the same drop."""
+    x = validate_round(tuned, sent, memory, h_pre, h_post, replied, num_examples)
+    drop = np.where(x.replied, x.h_pre - x.h_post, 0.0)
+    if x.replied.sum() < 2:  # one reply: nothing to compare it with
+        return _weighted_mix(x, np.ones(x.replied.shape[0]))
+    z = (drop - drop[x.replied].mean()) / drop[x.replied].std()
+    return _weighted_mix(x, np.exp(np.clip(z, -5, 5)))
+
+
+@rule()
+def reseeds_numpy(tuned, sent, memory, h_pre, h_post, replied, num_examples, params=None):
+    """FedAvg that calls np.random.seed(0) (to make a tie-break repeatable): every later draw of the process
+    repeats."""
+    np.random.seed(0)
+    return fedavg_round(tuned, sent, memory, h_pre, h_post, replied, num_examples)
+
+
+@rule()
+def draws_from_numpy(tuned, sent, memory, h_pre, h_post, replied, num_examples, params=None):
+    """Weights the uploads by random numbers from numpy's global RNG (a random tie-break)."""
+    x = validate_round(tuned, sent, memory, h_pre, h_post, replied, num_examples)
+    return _weighted_mix(x, np.random.uniform(0.5, 1.0, size=x.replied.shape[0]))
+
+
+@rule()
+def sleeps(tuned, sent, memory, h_pre, h_post, replied, num_examples, params=None):
+    """FedAvg that waits half a second a round (a retry loop, a lock, a remote call)."""
+    time.sleep(0.5)
+    return fedavg_round(tuned, sent, memory, h_pre, h_post, replied, num_examples)
+
+
+@rule()
+def quadratic(tuned, sent, memory, h_pre, h_post, replied, num_examples, params=None):
+    """FedAvg weighted by each client's summed distance and cosine to the others (of the uploads and of the
+    updates), computed pair by pair and entry by entry in Python: cheap at 6 clients, seconds a round at 48."""
+    x = validate_round(tuned, sent, memory, h_pre, h_post, replied, num_examples)
+    replying = np.flatnonzero(x.replied)
+    uploads = {i: x.tuned[i].tolist() for i in replying}
+    updates = {i: (x.tuned[i] - x.sent[i]).tolist() for i in replying}
+    spread = np.zeros(x.replied.shape[0])
+    for i in replying:
+        for j in replying:
+            for rows in (uploads, updates):
+                dot = sum(a * b for a, b in zip(rows[i], rows[j], strict=True))
+                distance = sum((a - b) ** 2 for a, b in zip(rows[i], rows[j], strict=True))
+                spread[i] += distance - dot
+    return _weighted_mix(x, 1.0 / (1.0 + np.abs(spread)))

@@ -144,6 +144,20 @@ def test_a_plugins_bad_parameter_is_refused_before_the_start_in_one_message(over
     assert "Traceback" not in done.stderr and time.monotonic() - started < 30
 
 
+def test_an_int_parameter_is_an_int_even_written_as_a_whole_float():
+    from fedrapp_app.registry.parameters import build_params
+
+    @dataclasses.dataclass(frozen=True)
+    class Params:
+        k: int = 3
+        weight: float = 0.5
+
+    built = build_params(Params, {"k": 2.0, "weight": 1}, "server rule 'knn'")  # a YAML grid, a sweep: 2.0
+    assert built.k == 2 and type(built.k) is int and type(built.weight) is float
+    with pytest.raises(ValueError, match=r"parameter 'k' expects an int, got 2.5 \(write a whole number, e.g. k=3\)"):
+        build_params(Params, {"k": 2.5}, "server rule 'knn'")
+
+
 # --------------------------------------------------------------------------------------- failing plugins
 @pytest.mark.parametrize(
     ("rule", "reason"),

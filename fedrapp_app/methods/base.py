@@ -57,6 +57,11 @@ class Adaptation:
         return self.probes.get(PROBE)
 
 
+#: What an :class:`Adaptation` may report as read off the prompts alone on the batch (the conformance kit
+#: recomputes these): ``h_pre`` the received prompt's mean prediction entropy (nats), ``h_post`` the returned
+#: prompt's, ``predictions`` the returned prompt's argmax, ``predictions_before`` the received prompt's.
+READ_OFF_PROMPTS = frozenset({"h_pre", "h_post", "predictions", "predictions_before"})
+
 #: The name of FedRAPP's trust probe (the paper's prompt) among the prompts a rule sends to score
 #: (``LocalMethod.set_probes``; the others: ``federation.records.PROBES``).
 PROBE = "probe"
@@ -69,6 +74,10 @@ class LocalMethod(ABC):
     own: OwnPrompt | None = None  # the own last tuned prompt, where the method keeps it (ours, issue 15)
     #: The method uploads arrays beside its prompt (``Adaptation.payload``; ``payload_template`` says which).
     uploads_payload: ClassVar[bool] = False
+    #: Which of its reports are read off the prompts alone (:data:`READ_OFF_PROMPTS`; the conformance kit
+    #: recomputes them): a method that predicts otherwise by design (a head's cache, per-image prompts, a fixed
+    #: text classifier) leaves out what it computes another way. A property may read the parameters.
+    read_off_prompts: frozenset[str] = READ_OFF_PROMPTS
 
     def payload_template(self, pclip: PromptedCLIP) -> dict[str, np.ndarray]:
         """The arrays the method uploads beside its prompt every round, by name (float32, their values unused):

@@ -42,6 +42,11 @@ class Stacked(LocalMethod):
     def initial_prompt(self, pclip: PromptedCLIP) -> list[Tensor]:
         return self.base.initial_prompt(pclip)
 
+    @property
+    def read_off_prompts(self) -> frozenset[str]:  # type: ignore[override]
+        """The base's, but the predictions: the head makes them."""
+        return frozenset(self.base.read_off_prompts) - {"predictions"}
+
     def adapt(
         self, pclip: PromptedCLIP, prompt: Sequence[Tensor], pixel_values: Tensor, generator: torch.Generator
     ) -> Adaptation:

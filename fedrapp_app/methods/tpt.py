@@ -77,6 +77,9 @@ class TPT(LocalMethod):
 
     name: ClassVar[str] = "tpt"
     Params: ClassVar[type] = TPTParams
+    #: Each image is predicted with its own tuned copy (tpt) or with the prompt as it stood at that image
+    #: (tpt-online), and h_post averages those: only the received prompt's reports come from one prompt.
+    read_off_prompts = frozenset({"h_pre", "predictions_before"})
     _SCALER = "scaler."
 
     def __init__(self, params: TPTParams | None = None) -> None:

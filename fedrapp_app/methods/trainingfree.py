@@ -50,6 +50,13 @@ class TrainingFree(LocalMethod):
     def initial_prompt(self, pclip: PromptedCLIP) -> list[Tensor]:
         return [pclip.context_from_text(self.params.init_text)]
 
+    @property
+    def read_off_prompts(self) -> frozenset[str]:  # type: ignore[override]
+        """The entropies and the predictions before come from the classifier, which is the prompt's only with
+        ``classifier = "prompt"`` (the prompt is returned unchanged, so h_post is h_pre); the predictions are the
+        method's own."""
+        return frozenset({"h_pre", "h_post", "predictions_before"} if self.params.classifier == "prompt" else ())
+
     def views(
         self, pclip: PromptedCLIP, pixel_values: Tensor, generator: torch.Generator, originals: Tensor | None = None
     ) -> Tensor:

@@ -32,6 +32,7 @@ class ZeroShot(LocalMethod):
 
     name: ClassVar[str] = "zeroshot"
     Params: ClassVar[type] = ZeroShotParams
+    read_off_prompts = frozenset()  # it predicts and scores with the dataset's template, never the prompt
 
     def __init__(self, params: ZeroShotParams | None = None) -> None:
         self.params = params or ZeroShotParams()

@@ -13,13 +13,20 @@ parameters as a ``(target, {"key": value})`` pair. This project runs the kit on 
 points register, and on the two examples (tests/test_conformance.py), so the built-ins and the contract cannot
 drift apart.
 
-The rule checks are numpy only (milliseconds): parameters, outputs (shapes, dtypes, finite values, peer weights),
-client-order invariance, isolation (no write into the inputs or into earlier outputs; a raise inside the
-strategy's own rule application fails the round with the server state untouched), a newcomer, state round trip
-and resume (stateful rules), determinism. The method checks run the method on a tiny random CLIP (seconds):
-parameters, the initial prompt, what ``adapt`` returns (shapes, finite values, predictions among the classes,
-confidences in [0, 1]), state round trip, determinism under a seed, and (``slow``) a two-client federation run
-twice with the labels of every stream permuted: no upload, payload or client state may change.
+The rule checks are numpy only (milliseconds; the cost check a second or two): parameters, outputs (shapes, dtypes,
+finite values, peer weights), the degenerate rounds real runs meet (uploads that did not move, one reply, equal
+entropies), client-order invariance, isolation (no write into the inputs or into earlier outputs; a raise inside
+the strategy's own rule application fails the round with the server state untouched), a newcomer, state round trip
+and resume (stateful rules), determinism (global RNGs included) and the cost of a round at 6 and 48 clients
+(``cost_budget``). The method checks run the method on a tiny random CLIP (seconds): parameters, the initial
+prompt, what ``adapt`` returns (shapes, finite values, predictions among the classes, confidences in [0, 1]; the
+received prompt left as it came), the entropies and predictions it reports recomputed from the prompts, state round
+trip, determinism under a seed, and (``slow``) a two-client federation run with the labels of every stream
+permuted: no upload, payload or client state may change (a difference is blamed on the labels only when an
+unpermuted rerun repeats the first run exactly).
+
+Every check runs inside a guard (``guard.py``): process-wide state it leaves changed -- torch's grad mode, thread
+count and default dtype, the global RNGs, the kit's frozen CLIP -- fails it, named, and is restored.
 """
 
 from __future__ import annotations
@@ -30,6 +37,7 @@ import functools
 import io
 import math
 import tempfile
+import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -41,6 +49,7 @@ from fedrapp_app.aggregation import BoundRule, find_rule
 from fedrapp_app.aggregation.common import NEWCOMER_PROMPTS, RoundOutput, Rule, check_output, synthetic_round
 from fedrapp_app.methods import find_method
 from fedrapp_app.methods.params import MethodSpec
+from fedrapp_app.plugins.guard import global_rngs_seeded, guarded
 from fedrapp_app.registry.parameters import allowed_range, build_params
 
 
@@ -155,12 +164,16 @@ class _RuleRun:
         self.sent = self.memory.copy()
         self.state: dict[str, np.ndarray] = {}
 
-    def inputs(self, absent: Sequence[int] = (), *, others_reply: bool = False) -> dict[str, Any]:
+    def inputs(self, absent: Sequence[int] = (), *, others_reply: bool = False,
+               only: Sequence[int] | None = None) -> dict[str, Any]:  # fmt: skip
         """The next round's inputs: uploads near each client's sent prompt; ``absent`` clients do not reply, nor
-        (unless ``others_reply``) a random share of the others."""
+        (unless ``others_reply``) a random share of the others; ``only``: exactly these clients reply."""
         x = synthetic_round(self.rng, self.n, self.d, reply_prob=1.0 if others_reply else 0.7)
         replied = x["replied"].copy()
         replied[list(absent)] = False
+        if only is not None:
+            replied[:] = False
+            replied[list(only)] = True
         if not replied.any():
             replied[[i for i in range(self.n) if i not in absent][0]] = True
         step = x["tuned"] - x["sent"]
@@ -192,10 +205,114 @@ class _RuleRun:
     def step(self, inputs: Mapping[str, Any]) -> RoundOutput:
         out = call_rule(self.bound, inputs, self.state)
         check_output(out, self.n, self.d)
+        self.keep(out)
+        return out
+
+    def keep(self, out: RoundOutput) -> None:
+        """Store a round's output as the server does, for the next round."""
         self.memory = np.asarray(out.memory, dtype=np.float32).copy()
         self.sent = np.asarray(out.personalized, dtype=np.float32).copy()
         self.state = {k: np.array(v) for k, v in out.state.items()}
-        return out
+
+    def checked(self, inputs: Mapping[str, Any], where: str) -> tuple[RoundOutput, float]:
+        """One round as the server would take it, and the seconds the rule took: a raise, or an output the server
+        refuses, is an AssertionError saying ``where``; the output is kept."""
+        start = time.perf_counter()
+        try:
+            out = call_rule(self.bound, inputs, self.state)
+        except Exception as err:
+            raise AssertionError(f"{where}: the rule raised {type(err).__name__}: {err} (the round fails)") from err
+        seconds = time.perf_counter() - start
+        try:
+            check_output(out, self.n, self.d)
+        except ValueError as err:
+            raise AssertionError(f"{where}: {err} (the server refuses it: the round fails)") from err
+        _check_diagnostics(out, self.n, where)
+        self.keep(out)
+        return out, seconds
+
+
+def _check_diagnostics(out: RoundOutput, n: int, where: str) -> None:
+    """What the report reads of a round: float32 prompts, finite diagnostics, peer weights >= 0 whose rows sum
+    to 1 or 0, an own weight per client."""
+    for field in ("memory", "personalized"):
+        array = np.asarray(getattr(out, field))
+        assert array.dtype == np.float32, f"{where}: {field} is {array.dtype}, expected float32 (the wire's)"
+    d = out.diagnostics
+    weights = np.asarray(d.peer_weights, dtype=np.float64)
+    bad = np.flatnonzero(~(np.isfinite(weights) & (weights >= 0)).all(axis=1)).tolist()
+    assert not bad, f"{where}: the peer weights of rows {bad} are negative or not finite, expected finite and >= 0"
+    sums = weights.sum(axis=1)
+    assert np.all(np.isclose(sums, 1.0, atol=1e-6) | np.isclose(sums, 0.0, atol=1e-12)), (
+        f"{where}: each row of the peer weights must sum to 1 or be all zero, got {sums}"
+    )
+    for field in ("update_norm", "r", "mu", "gamma"):
+        values = np.asarray(getattr(d, field), dtype=np.float64)
+        bad = np.flatnonzero(~np.isfinite(values)).tolist()
+        assert not bad, f"{where}: diagnostics.{field} is not finite for clients {bad} ({values[bad].tolist()})"
+    if out.own_weight is not None:
+        weight = np.asarray(out.own_weight, dtype=np.float64)
+        assert weight.shape == (n,), f"{where}: own_weight has shape {weight.shape}, expected ({n},)"
+
+
+def _unmoved(inputs: dict[str, Any], rows: Sequence[int]) -> dict[str, Any]:
+    """``inputs`` where the replying clients among ``rows`` uploaded exactly what they were sent."""
+    rows = [i for i in rows if inputs["replied"][i]]
+    inputs["tuned"][rows] = inputs["sent"][rows]
+    return inputs
+
+
+def _equal_entropies(inputs: dict[str, Any]) -> dict[str, Any]:
+    """``inputs`` where every replying client reported the same H_pre and the same H_post."""
+    inputs["h_pre"][inputs["replied"]] = 2.0
+    inputs["h_post"][inputs["replied"]] = 1.5
+    return inputs
+
+
+#: The degenerate rounds real runs meet, as (what the failure calls it, the round's inputs from a run). AdaPrompt
+#: leaves most client-rounds unmoved until its buffer fills (0/0 in a cosine or a normalised update); a round may
+#: hear from one client only (a z-score with ddof=1, a std of one value); clients may agree to the last digit.
+DEGENERATE_ROUNDS: tuple[tuple[str, Callable[[_RuleRun], dict[str, Any]]], ...] = (
+    ("clients 1 and 3 did not move (tuned = sent)", lambda run: _unmoved(run.inputs(others_reply=True), [1, 3])),
+    ("no client moved (tuned = sent for every upload)", lambda run: _unmoved(run.inputs(), range(run.n))),
+    ("exactly one client replied", lambda run: run.inputs(only=[2 % run.n])),
+    ("one client replied and did not move", lambda run: _unmoved(run.inputs(only=[1]), [1])),
+    ("every client reported the same entropies", lambda run: _equal_entropies(run.inputs(others_reply=True))),
+)
+
+#: The cost check: a round of COST_CLIENTS clients (a testbed-sized federation and a larger one) on prompts of
+#: COST_DIM entries (4 context tokens x 512, a ViT-B/16 prompt), every client replying, the best of up to
+#: COST_TRIES, within cost_budget(N) = COST_SLACK_S + COST_PER_PAIR_S x N^2 seconds: it grows as the built-ins'
+#: costliest term does (pairwise distances, cosines), an absolute budget (a time relative to FedRAPP's round,
+#: measured alongside, swung with the machine's load more than the rules' own times did). The budget holds every
+#: built-in with room to spare on a 2-core machine under a load average above 10 (benchmarks/rule_cost.py,
+#: docs/results/raw/rule_cost.txt) and fails a rule that sleeps or loops over pairs of clients in Python.
+COST_CLIENTS = (6, 48)
+COST_DIM = 2048
+COST_SLACK_S = 0.1
+COST_PER_PAIR_S = 5e-4
+COST_TRIES = 5
+
+
+def cost_budget(n: int) -> float:
+    """The seconds a round of ``n`` clients may take (see COST_PER_PAIR_S)."""
+    return COST_SLACK_S + COST_PER_PAIR_S * n * n
+
+
+def round_costs(bound: BoundRule, reference: BoundRule, n: int, *, dim: int = COST_DIM, seed: int = 0,
+                tries: int = COST_TRIES, budget: float | None = None) -> tuple[float, float]:  # fmt: skip
+    """(the best of up to ``tries`` rounds of ``bound``, the best of three rounds of ``reference`` before them),
+    in seconds, for ``n`` clients that all reply. ``budget``: stop once ``bound``'s best is within it or over
+    twice it after two rounds (one round on a loaded machine may be preempted; None: run all ``tries``)."""
+    plugin, ref = _RuleRun(bound, n, dim, seed), _RuleRun(reference, n, dim, seed)
+    ref_best = min(ref.checked(ref.inputs(others_reply=True), "the reference")[1] for _ in range(3))
+    best = math.inf
+    for attempt in range(tries):
+        where = f"server rule {bound.name!r}, {n} clients, round {attempt + 1}"
+        best = min(best, plugin.checked(plugin.inputs(others_reply=True), where)[1])
+        if budget is not None and (best <= budget or (attempt >= 1 and best > 2 * budget)):
+            break
+    return best, ref_best
 
 
 def call_rule(bound: BoundRule, inputs: Mapping[str, Any], state: Mapping[str, np.ndarray] | None) -> RoundOutput:
@@ -257,11 +374,32 @@ def _same_output(a: RoundOutput, b: RoundOutput, where: str) -> None:
         _same(a.state[key], b.state[key], f"{where}: state[{key!r}]")
 
 
-def _permuted_params(params: Any, order: np.ndarray) -> Any:
-    """The parameters for the clients in ``order``: a per-client ``groups`` map (the domain oracle's) follows."""
+#: Why a rule's outputs change with the global RNGs' states, and the fix.
+GLOBAL_RNG_CAUSE = (
+    "it draws from numpy's, Python's or torch's global RNG; derive any randomness from its inputs or parameters "
+    "(np.random.default_rng(seed))"
+)
+
+
+def draws_from_global_rngs(bound: BoundRule, inputs: Mapping[str, Any], state: Mapping[str, np.ndarray]) -> bool:
+    """Whether ``bound``'s output on ``inputs`` changes with the global RNGs' states (two seeds)."""
+    outputs = []
+    for seed in (0, 1):
+        with global_rngs_seeded(seed):
+            outputs.append(call_rule(bound, inputs, state))
+    try:
+        _same_output(*outputs, "")
+    except AssertionError:
+        return True
+    return False
+
+
+def _params_for_rows(params: Any, rows: np.ndarray, clients: int) -> Any:
+    """The parameters for the checked clients ``rows`` (a permutation of the ``clients``, or ``arange(N) %
+    clients`` for N clients): a per-client ``groups`` map (the domain oracle's) follows."""
     groups = getattr(params, "groups", None)
-    if isinstance(groups, tuple) and len(groups) == len(order):
-        return dataclasses.replace(params, groups=tuple(groups[i] for i in order))
+    if isinstance(groups, tuple) and len(groups) == clients:
+        return dataclasses.replace(params, groups=tuple(groups[i] for i in rows))
     return params
 
 
@@ -288,24 +426,35 @@ def rule_checks(target: Target, params: Mapping[str, Any] | None = None, *, clie
     def check_outputs() -> None:
         run = _RuleRun(bound(), clients, dim, seed)
         for rnd in range(3):
-            inputs = run.inputs(absent=[rnd % clients])
-            out = run.step(inputs)
-            where = f"{owner}, round {rnd + 1}"
-            for field in ("memory", "personalized"):
-                array = np.asarray(getattr(out, field))
-                assert array.dtype == np.float32, f"{where}: {field} is {array.dtype}, expected float32 (the wire's)"
-            d = out.diagnostics
-            weights = np.asarray(d.peer_weights, dtype=np.float64)
-            assert np.isfinite(weights).all() and (weights >= 0).all(), f"{where}: peer weights negative or not finite"
-            sums = weights.sum(axis=1)
-            assert np.all(np.isclose(sums, 1.0, atol=1e-6) | np.isclose(sums, 0.0, atol=1e-12)), (
-                f"{where}: each row of the peer weights must sum to 1 or be all zero, got {sums}"
+            run.checked(run.inputs(absent=[rnd % clients]), f"{owner}, round {rnd + 1}")
+
+    def check_degenerate_rounds() -> None:
+        for case, make_inputs in DEGENERATE_ROUNDS:
+            run = _RuleRun(bound(), clients, dim, seed)
+            run.checked(run.inputs(absent=[0]), f"{owner}, round 1")  # a history
+            run.checked(make_inputs(run), f"{owner}, a round where {case}")
+            run.checked(run.inputs(), f"{owner}, the round after one where {case}")
+
+    def check_cost() -> None:
+        from fedrapp_app.aggregation.fedrapp import FEDRAPP
+
+        reference = BoundRule("fedrapp", FEDRAPP, FEDRAPP.params())
+        for warm in (reference, BoundRule(name, found_rule, _params_for_rows(bound().params, np.arange(6) % clients,
+                                                                              clients))):  # fmt: skip
+            run = _RuleRun(warm, 6, COST_DIM, seed)  # first calls (imports, caches) are not a round's cost
+            run.checked(run.inputs(others_reply=True), f"{owner}, a round of 6 clients")
+        seen = []
+        for n in COST_CLIENTS:
+            params = _params_for_rows(bound().params, np.arange(n) % clients, clients)
+            budget = cost_budget(n)
+            best, ref = round_costs(BoundRule(name, found_rule, params), reference, n, seed=seed, budget=budget)
+            seen.append(f"{n} clients: {best:.3g} s (FedRAPP's round here: {ref:.3g} s)")
+            assert best <= budget, (
+                f"{owner}: a round of {n} clients on prompts of {COST_DIM} entries takes {best:.3g} s, over its budget "
+                f"of {budget:.3g} s ({COST_SLACK_S:g} s + {COST_PER_PAIR_S:g} s x N^2); {'; '.join(seen)}. The rule "
+                "runs in the ServerApp every round: work on all clients at once with numpy arrays, not in Python "
+                "loops over clients or pairs of clients, and never sleep"
             )
-            for field in ("update_norm", "r", "mu", "gamma"):
-                assert np.isfinite(np.asarray(getattr(d, field), dtype=np.float64)).all(), f"{where}: {field}"
-            if out.own_weight is not None:
-                weight = np.asarray(out.own_weight, dtype=np.float64)
-                assert weight.shape == (clients,), f"{where}: own_weight has shape {weight.shape}"
 
     def check_client_order() -> None:
         run = _RuleRun(bound(), clients, dim, seed)
@@ -313,13 +462,19 @@ def rule_checks(target: Target, params: Mapping[str, Any] | None = None, *, clie
         # All but one reply: with few replies a rule that picks one upload faces an exact tie that no order of
         # the clients can break (Krum with f = 1 and at most 4 replies: the closest pair scores the same).
         inputs = run.inputs(absent=[0], others_reply=True)
-        straight = call_rule(run.bound, inputs, run.state)
+        assert not draws_from_global_rngs(run.bound, inputs, run.state), (
+            f"{owner}: its outputs change with the global RNGs' states, so whether they depend on the order of the "
+            f"clients cannot be told: {GLOBAL_RNG_CAUSE}"
+        )
+        with global_rngs_seeded(seed):
+            straight = call_rule(run.bound, inputs, run.state)
         order = np.random.default_rng(seed + 1).permutation(clients)
-        shuffled_bound = BoundRule(name, found_rule, _permuted_params(run.bound.params, order))
+        shuffled_bound = BoundRule(name, found_rule, _params_for_rows(run.bound.params, order, clients))
         shuffled_inputs = {k: np.asarray(v)[order] for k, v in inputs.items() if k not in ("own", "payload")}
         shuffled_inputs["own"] = {k: v[order] for k, v in inputs["own"].items()}
         shuffled_inputs["payload"] = {k: v[order] for k, v in inputs["payload"].items()}
-        shuffled = call_rule(shuffled_bound, shuffled_inputs, {k: v[order] for k, v in run.state.items()})
+        with global_rngs_seeded(seed):
+            shuffled = call_rule(shuffled_bound, shuffled_inputs, {k: v[order] for k, v in run.state.items()})
         scale = max(float(np.nanmax(np.abs(inputs["sent"]))), 1e-6)
         for field in ("memory", "personalized"):
             a, b = np.asarray(getattr(straight, field))[order], np.asarray(getattr(shuffled, field))
@@ -366,7 +521,12 @@ def rule_checks(target: Target, params: Mapping[str, Any] | None = None, *, clie
 
     def check_state_and_resume() -> None:
         straight = _RuleRun(bound(), clients, dim, seed)
-        outputs = [straight.step(straight.inputs(absent=[r])) for r in range(3)]
+        first = straight.inputs(absent=[0])
+        assert not draws_from_global_rngs(straight.bound, first, straight.state), (
+            f"{owner}: its outputs change with the global RNGs' states, so a resumed round cannot repeat the round it "
+            f"resumes: {GLOBAL_RNG_CAUSE}"
+        )
+        outputs = [straight.step(first), *(straight.step(straight.inputs(absent=[r])) for r in (1, 2))]
         if not found_rule.stateful:
             assert all(not o.state for o in outputs), f"{owner}: returns a state but is not declared stateful=True"
         cut = _RuleRun(bound(), clients, dim, seed)
@@ -386,18 +546,44 @@ def rule_checks(target: Target, params: Mapping[str, Any] | None = None, *, clie
         run = _RuleRun(bound(), clients, dim, seed)
         run.step(run.inputs())
         inputs = run.inputs(absent=[4 % clients])
-        _same_output(call_rule(run.bound, inputs, run.state), call_rule(bound(), inputs, run.state), f"{owner}: twice")
+        outputs = []
+        for rngs in (seed, seed, seed + 1):
+            with global_rngs_seeded(rngs):
+                outputs.append(call_rule(bound(), inputs, run.state))
+        _same_output(
+            outputs[0],
+            outputs[1],
+            f"{owner}: the same inputs twice, under the same global RNG states, "
+            "gave other outputs (it keeps something between calls outside its state: a counter, a cache)",
+        )
+        _same_output(
+            outputs[0], outputs[2], f"{owner}: the same inputs under other global RNG states gave other outputs: "
+            f"{GLOBAL_RNG_CAUSE}"
+        )  # fmt: skip
 
     checks = [
         ("parameters", check_params),
         ("outputs", check_outputs),
+        ("degenerate-rounds", check_degenerate_rounds),
         ("client-order", check_client_order),
         ("isolated", check_isolated),
         ("newcomer", check_newcomer),
         ("state-and-resume", check_state_and_resume),
         ("deterministic", check_deterministic),
+        ("cost", check_cost),
     ]
-    return [Check(f"rule:{name}:{label}", function) for label, function in checks]
+    return [Check(f"rule:{name}:{label}", _guarded(f"{owner}, check {label!r},", f)) for label, f in checks]
+
+
+def _guarded(where: str, function: Callable[[], None], model: Any = None) -> Callable[[], None]:
+    """``function`` run inside the guard (``guard.guarded``)."""
+
+    @functools.wraps(function)
+    def run() -> None:
+        with guarded(where, model=model):
+            function()
+
+    return run
 
 
 # --------------------------------------------------------------------------------------------------- methods
@@ -572,7 +758,27 @@ def method_checks(target: Target, params: Mapping[str, Any] | None = None, *, ba
         return spec.load()(build_params(spec.params, values, owner))
 
     def adapted(method: Any, prompt: Any, pixel_seed: int, generator_seed: int) -> Any:
-        return method.adapt(_tiny_prompted(), prompt, _pixels(batch, pixel_seed), _generator(generator_seed))
+        """``method.adapt`` on a copy of ``prompt`` and a batch. AssertionError if it changed what it received, or
+        if what it returned has other shapes than the received prompt's and the batch's (which every check that
+        goes on with the result needs)."""
+        given = [block.clone() for block in prompt]
+        out = method.adapt(_tiny_prompted(), given, _pixels(batch, pixel_seed), _generator(generator_seed))
+        for k, (sent, kept) in enumerate(zip(prompt, given, strict=True)):
+            changed = [what for what, same in (("values", bool((sent == kept.detach()).all())),
+                                               ("requires_grad", not kept.requires_grad)) if not same]  # fmt: skip
+            assert not changed, (
+                f"{owner}: adapt changed the prompt it received (block {k}: its {' and '.join(changed)}); that tensor "
+                "is the server's prompt, which the client also scores and keeps: tune a copy (check_prompt returns one)"
+            )
+        shapes, expected = [tuple(b.shape) for b in out.prompt], [tuple(b.shape) for b in prompt]
+        assert shapes == expected, f"{owner}: the returned prompt has blocks {shapes}, expected the received {expected}"
+        for field in ("predictions", "predictions_before"):
+            value = getattr(out, field)
+            assert tuple(value.shape) == (batch,) and str(value.dtype) == "torch.int64", (
+                f"{owner}: {field} has shape {tuple(value.shape)} and dtype {value.dtype}, expected ({batch},) "
+                "torch.int64 (one class index per image of the batch)"
+            )
+        return out
 
     def check_params() -> None:
         _check_params(spec.params, values, owner)
@@ -601,25 +807,51 @@ def method_checks(target: Target, params: Mapping[str, Any] | None = None, *, ba
         for step in range(2):
             out = adapted(method, p0, seed + step, seed + step)
             where = f"{owner}, batch {step + 1}"
-            assert [tuple(b.shape) for b in out.prompt] == [tuple(b.shape) for b in p0], f"{where}: prompt shapes"
             for k, block in enumerate(out.prompt):
-                assert block.dtype == torch.float32 and torch.isfinite(block).all(), f"{where}: prompt block {k}"
-                assert not block.requires_grad, f"{where}: prompt block {k} is not detached"
+                assert block.dtype == torch.float32 and block.device.type == "cpu", (
+                    f"{where}: returned prompt block {k} is {block.dtype} on {block.device}, expected float32, cpu"
+                )
+                assert torch.isfinite(block).all(), f"{where}: returned prompt block {k} is not finite"
+                assert not block.requires_grad, f"{where}: returned prompt block {k} is not detached"
             for field in ("predictions", "predictions_before"):
                 value = getattr(out, field)
-                assert tuple(value.shape) == (batch,) and value.dtype == torch.long, f"{where}: {field} [B] long"
-                assert bool(((value >= 0) & (value < classes)).all()), f"{where}: {field} outside the classes"
+                outside = value[(value < 0) | (value >= classes)].tolist()
+                assert not outside, f"{where}: {field} holds {outside[:5]}, outside the classes 0..{classes - 1}"
             for field in ("h_pre", "h_post"):
                 value = float(getattr(out, field))
-                assert math.isfinite(value) and 0 <= value <= math.log(classes) + 1e-4, f"{where}: {field} = {value}"
+                assert math.isfinite(value) and 0 <= value <= math.log(classes) + 1e-4, (
+                    f"{where}: {field} = {value:.6g}, expected a mean prediction entropy in nats, in [0, log C = "
+                    f"{math.log(classes):.4g}] for C = {classes} classes"
+                )
             for field in ("confidence", "confidence_before"):
                 value = getattr(out, field)
                 if value is not None:
-                    assert tuple(value.shape) == (batch,), f"{where}: {field} must be [B]"
-                    assert bool(((value >= 0) & (value <= 1)).all()), f"{where}: {field} outside [0, 1]"
+                    assert tuple(value.shape) == (batch,), (
+                        f"{where}: {field} has shape {tuple(value.shape)}, expected ({batch},) (one per image)"
+                    )
+                    assert bool(((value >= 0) & (value <= 1)).all()), (
+                        f"{where}: confidence outside [0, 1] ({field}: {value.tolist()[:5]}), expected the predicted "
+                        "class's probability"
+                    )
             for key, value in out.stats.items():
                 assert math.isfinite(float(value)), f"{where}: stats[{key!r}] = {value!r} is not a finite number"
             _check_payload(method, pclip, out, where)
+
+    def check_reports() -> None:
+        from fedrapp_app.plugins.method_reports import declared, prompt_logits, report_problems
+
+        pclip = _tiny_prompted()
+        method = make()
+        names = declared(method)
+        prompt = method.initial_prompt(pclip)
+        for step in range(2):  # P0, then a prompt the method tuned
+            pixels = _pixels(batch, seed + step)
+            out = adapted(method, prompt, seed + step, seed + step)
+            if names:
+                before, after = prompt_logits(pclip, prompt, pixels), prompt_logits(pclip, out.prompt, pixels)
+                problems = report_problems(out, before, after, names)
+                assert not problems, f"{owner}, batch {step + 1}: " + "; ".join(problems)
+            prompt = out.prompt
 
     def check_state() -> None:
         from fedrapp_app.federation.records import arrays_to_record, record_to_arrays
@@ -647,12 +879,19 @@ def method_checks(target: Target, params: Mapping[str, Any] | None = None, *, ba
     def check_deterministic() -> None:
         pclip = _tiny_prompted()
         runs = []
-        for _ in range(2):
+        for rngs in (seed, seed, seed + 1):  # the global RNGs as the first run had them, then others
             method = make()
             p0 = method.initial_prompt(pclip)
-            runs.append([_snapshot(adapted(method, p0, seed + s, seed + s)) for s in range(2)])
-        for step, (a, b) in enumerate(zip(*runs, strict=True)):
+            with global_rngs_seeded(rngs):
+                runs.append([_snapshot(adapted(method, p0, seed + s, seed + s)) for s in range(2)])
+        for step, (a, b, c) in enumerate(zip(*runs, strict=True)):
             _same_arrays(a, b, f"{owner}: batch {step + 1} under the same seed")
+            _same_arrays(
+                a,
+                c,
+                f"{owner}: batch {step + 1} under the same seed but other global RNG states (it "
+                "draws from torch's, numpy's or Python's global RNG: draw from the generator adapt gets)",
+            )
 
     def check_labels() -> None:
         from fedrapp_app.testbed import world
@@ -663,20 +902,54 @@ def method_checks(target: Target, params: Mapping[str, Any] | None = None, *, ba
         )
         with tempfile.TemporaryDirectory(prefix="fedrapp-labels-") as scratch:
             plain = federation_uploads(reference, values, Path(scratch) / "plain", strategy)
+            assert plain, f"{owner}: the federation produced no upload"
             with permuted_labels(len(world.CLASSNAMES), seed + 7):
                 permuted = federation_uploads(reference, values, Path(scratch) / "permuted", strategy)
-        assert plain, f"{owner}: the federation produced no upload"
-        _same_arrays(plain, permuted, f"{owner}: permuting every stream's labels changed an upload or a client state")
+            differ = _differing(plain, permuted)
+            if not differ:
+                return
+            # A difference is the labels' only if the run repeats itself: rerun it unpermuted (a method that passes
+            # costs no third run; one that fails is blamed on its nondeterminism where the rerun differs too).
+            again = _differing(plain, federation_uploads(reference, values, Path(scratch) / "again", strategy))
+        assert not again, (
+            f"{owner} is nondeterministic: the same federation run twice, labels unpermuted, gave other values in "
+            f"{_few(again)}; the label check needs runs that repeat exactly (randomness from the generator adapt "
+            "gets, nothing kept between instances outside the client state)"
+        )
+        raise AssertionError(
+            f"{owner}: permuting every stream's labels changed an upload or a client state ({_few(differ)}), while an "
+            "unpermuted rerun repeated the first run exactly: labels reach what the method uploads or keeps"
+        )
 
     checks = [
         ("parameters", check_params, False),
         ("initial-prompt", check_initial_prompt, False),
         ("adapt", check_adapt, False),
+        ("reports", check_reports, False),
         ("state-round-trip", check_state, False),
         ("deterministic", check_deterministic, False),
         ("labels-never-reach-an-upload", check_labels, True),
     ]
-    return [Check(f"method:{name}:{label}", function, slow) for label, function, slow in checks]
+    model = ("the conformance kit's frozen CLIP", lambda: _tiny_prompted().clip.model, _tiny_prompted.cache_clear)
+    return [
+        Check(f"method:{name}:{label}", _guarded(f"{owner}, check {label!r},", function, model), slow)
+        for label, function, slow in checks
+    ]
+
+
+def _differing(a: Mapping[str, np.ndarray], b: Mapping[str, np.ndarray]) -> list[str]:
+    """The names whose arrays differ between ``a`` and ``b`` (shape, dtype or a value; NaN equals NaN), or that
+    only one holds."""
+    out = sorted(set(a) ^ set(b))
+    for key in sorted(set(a) & set(b)):
+        x, y = np.asarray(a[key]), np.asarray(b[key])
+        if x.shape != y.shape or x.dtype != y.dtype or not np.array_equal(x, y, equal_nan=x.dtype.kind == "f"):
+            out.append(key)
+    return out
+
+
+def _few(names: Sequence[str]) -> str:
+    return ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
 
 
 def torch_randn_like(block: Any, seed: int) -> Any:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import re
 import sys
+import textwrap
 from pathlib import Path
 
 KINDS = ("rule", "method")
@@ -218,6 +219,9 @@ fedrapp-list {listing}                   # {name}, from {dist} 0.1.0, with its p
 fedrapp-sim -c "{key}='{name}' {params_key}='{example}' num-rounds=3"
 ```
 
+`fedrapp-sim` runs FedRAPP's app: from this folder it takes the folder FedRAPP was installed from (`pip install -e`;
+it prints which), or name that folder first: `fedrapp-sim /path/to/fedrapp -c "..."`.
+
 In a bench grid (`python -m fedrapp_app.bench grid.yaml`), a cell selects it like a built-in:
 
 ```yaml
@@ -293,7 +297,13 @@ def new(name: str, kind: str, where: Path) -> Path:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="fedrapp-plugin", description=__doc__.splitlines()[0])
+    paragraphs = (__doc__ or "").split("\n\n")
+    parser = argparse.ArgumentParser(
+        prog="fedrapp-plugin",
+        description=textwrap.fill(" ".join(paragraphs[0].split()), 100),  # the first paragraph, whole
+        epilog="examples:\n" + textwrap.indent(textwrap.dedent(paragraphs[1]).strip("\n"), "  "),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     commands = parser.add_subparsers(dest="command", required=True)
     make = commands.add_parser("new", help="write a plugin package: a server rule or a local method")
     make.add_argument("name", help="the plugin's name, lower-case words joined by '-' (what the run config selects)")

@@ -97,16 +97,24 @@ def field_names(cls: type) -> list[str]:
     return [f.name.replace("_", "-") for f in dataclasses.fields(cls)]
 
 
+#: How an error names the type a parameter expects.
+_KINDS = {bool: "a bool (true or false)", int: "an int", float: "a float", tuple: "a list", str: "a str"}
+
+
 def _coerce(owner: str, key: str, value: Any, default: Any) -> Any:
-    """``value`` checked against the type of the field's ``default`` (an int is a fine float; a bool is no number)."""
-    problem = f"{owner}: parameter {key!r} expects a {type(default).__name__}, got {value!r}"
+    """``value`` checked against the type of the field's ``default``: an int is a fine float, a whole float (``2.0``,
+    as a YAML grid or a sweep may write it) a fine int and arrives as an int; a bool is no number."""
+    kind = _KINDS.get(type(default), f"a {type(default).__name__}")
+    problem = f"{owner}: parameter {key!r} expects {kind}, got {value!r}"
     if isinstance(default, bool):
         if not isinstance(value, bool):
             raise ValueError(problem)
         return value
     if isinstance(default, int):
+        if isinstance(value, float) and value.is_integer():
+            return int(value)
         if isinstance(value, bool) or not isinstance(value, int):
-            raise ValueError(problem)
+            raise ValueError(f"{problem} (write a whole number, e.g. {key}={default!r})")
         return value
     if isinstance(default, float):
         if isinstance(value, bool) or not isinstance(value, int | float):

@@ -447,7 +447,13 @@ def _parser() -> argparse.ArgumentParser:
         epilog=doc.split("\n\n")[-1],
         allow_abbrev=False,  # --supernode 3 is a typo, not --supernodes
     )
-    parser.add_argument("app", nargs="?", default=".", help="the app folder (holding pyproject.toml)")
+    parser.add_argument(
+        "app",
+        nargs="?",
+        default=None,
+        help="the FedRAPP app folder (its pyproject.toml holds [tool.flwr.app]); default: here if it is one, else "
+        "the folder this FedRAPP was installed from (pip install -e)",
+    )
     parser.add_argument(
         "-c",
         "--run-config",
@@ -587,12 +593,56 @@ def prepare(args: argparse.Namespace, app_dir: Path) -> tuple[dict, RunConfig, P
     return values, resolved, run_dir
 
 
+def is_app_folder(folder: Path) -> bool:
+    """Whether ``folder`` holds a Flower app: a pyproject.toml with a ``[tool.flwr.app.config]`` table."""
+    try:
+        project = tomllib.loads((folder / "pyproject.toml").read_text())
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError):
+        return False
+    return isinstance(project.get("tool", {}).get("flwr", {}).get("app", {}).get("config"), dict)
+
+
+def installed_app_folder() -> Path | None:
+    """The FedRAPP app folder this code was installed from (``pip install -e``, a checkout), or None (a wheel)."""
+    folder = Path(__file__).resolve().parents[2]
+    return folder if is_app_folder(folder) else None
+
+
+def app_folder(given: str | None, cwd: Path | None = None) -> Path:
+    """The app folder to run: ``given``, or without it the working directory when it is an app folder (the
+    project's own), else the one this FedRAPP was installed from (a plugin's folder, anywhere else). A
+    ``ConfigError`` says what to pass instead."""
+    installed = installed_app_folder()
+    fix = (
+        f"pass FedRAPP's own folder, e.g. fedrapp-sim {installed}" if installed
+        else "pass the folder of a FedRAPP checkout (git clone, then pip install -e . there)"
+    )  # fmt: skip
+    if given is not None:
+        folder = Path(given).expanduser().resolve()
+        if not is_app_folder(folder):
+            what = "holds no pyproject.toml" if not (folder / "pyproject.toml").is_file() else (
+                "is not a FedRAPP app folder (its pyproject.toml has no [tool.flwr.app.config] table)")  # fmt: skip
+            raise ConfigError(f"{folder} {what}: {fix}")
+        return folder
+    here = (cwd or Path.cwd()).resolve()
+    if is_app_folder(here):
+        return here
+    if installed is None:
+        raise ConfigError(f"{here} is not a FedRAPP app folder and this FedRAPP was not installed from one: {fix}")
+    return installed
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
-    app_dir = Path(args.app).expanduser().resolve()
-    if not (app_dir / "pyproject.toml").is_file():
-        parser.error(f"{app_dir} holds no pyproject.toml: pass the FedRAPP app folder")
+    try:
+        app_dir = app_folder(args.app)
+    except ConfigError as err:
+        parser.error(str(err))
+    if args.app is None:  # as the resume command will name it
+        args.app = "." if app_dir == Path.cwd().resolve() else str(app_dir)
+        if args.app != ".":
+            print(f"fedrapp-sim: the app folder: {app_dir} (FedRAPP's own; the working directory is none)", flush=True)
     if args.seeds:
         return run_seeds(args, app_dir)
     return run_one(args, app_dir)
