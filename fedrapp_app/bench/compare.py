@@ -201,7 +201,7 @@ def write_compare_page(folder: str | Path, out_dir: str | Path | None = None) ->
             "Online accuracy counts each sample once, predicted in the round it arrived after the client's local "
             "step. A gain is a rule's accuracy minus none-fed's on the same seed (the same streams, the same local "
             "method: paired), averaged over the seeds; its interval is Student's t over the seeds (accuracy "
-            "intervals in brackets, cut to 0-100). Few seeds give wide intervals: `--seeds 0-4` adds two.",
+            "intervals in brackets, cut to 0-100). Few seeds give wide intervals: more narrow them (`--seeds 0-4`).",
             "",
             f"![gain over none-fed]({FIGURE})" if gains else "(No figure: a gain needs two seeds.)",
             "",
