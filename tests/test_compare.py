@@ -70,6 +70,7 @@ def test_a_setting_no_rule_can_change_or_without_clients_is_refused():
         compare_spec(setting(**{"num-clients": 0}))
 
 
+@pytest.mark.slow  # 8 tiny runs: about 90 s on 2 busy cores
 def test_a_tiny_comparison_runs_in_one_call_and_resumes_with_nothing_to_do(tiny_model, tmp_path, capsys):
     s = {**DEFAULTS, **small_run(tiny_model, tmp_path / "out", **{"testbed-samples": 120, "num-rounds": 2})}
     s["run-name"] = ""  # the comparison names its own folder
