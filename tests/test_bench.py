@@ -728,7 +728,7 @@ def test_dry_run_estimates_the_paper_grid_on_one_h200_and_on_eight(capsys, tmp_p
            f"about {minutes_eight:.0f} min" in out  # fmt: skip
     assert sum(minutes) / 8 <= minutes_eight <= sum(minutes) / 8 + max(minutes)
     assert "estimate on NVIDIA H200 SXM" in out and "up to 21.0 GB of GPU memory per cell" in out
-    assert cell_estimate({"dataset": "testbed"}, GPU_CLASSES["h200"]) == "dataset 'testbed'"
+    assert cell_estimate({"dataset": "fgvc", "model": "/my/clip"}, GPU_CLASSES["h200"]) == "dataset 'fgvc'"
     assert wall_minutes([5, 1, 1, 1, 1, 1], 2) == 5 and wall_minutes([2] * 8, 8) == 2
     names = (
         "NVIDIA H200",
@@ -850,3 +850,84 @@ def test_the_goal_report_ignores_the_privacy_budget_of_a_cell_without_dp():
     plain = {**grid_module.DEFAULTS, "strategy": "fedavg"}
     assert identity({**plain, "dp-clip": 0.123}) == identity(plain)
     assert identity({**plain, "dp": True, "dp-clip": 0.123}) != identity({**plain, "dp": True})
+
+
+def test_the_estimate_covers_the_testbed_other_clips_and_a_cpu(tmp_path, capsys, monkeypatch):
+    """The estimate knew ViT-B/16 on a GPU only: a testbed grid (the first one a user runs) and a CPU host got none."""
+    from fedrapp_app.bench import __main__ as bench_main
+    from fedrapp_app.bench.estimate import (
+        GPU_CLASSES,
+        TESTBED_STEP_SECONDS,
+        Architecture,
+        architecture_of,
+        cell_estimate,
+    )
+
+    minutes, memory = cell_estimate({"num-clients": 8}, None)  # the default run: 5120 renders, batch 64, 8 clients
+    assert minutes == pytest.approx((80 + 4) * TESTBED_STEP_SECONDS / 60) and memory is None
+    assert cell_estimate({"num-clients": 8}, GPU_CLASSES["h100"])[0] == minutes  # the tiny model is CPU-bound
+    assert "local-method 'tpt'" in cell_estimate({"num-clients": 8, "local-method": "tpt"}, None)
+    paper = {"dataset": "dtd", "num-clients": 10, "precision": "bf16", "model": "openai/clip-vit-base-patch16"}
+    h200 = GPU_CLASSES["h200"]
+    b16, b32 = cell_estimate(paper, h200), cell_estimate({**paper, "model": "openai/clip-vit-base-patch32"}, h200)
+    l14 = cell_estimate({**paper, "model": "openai/clip-vit-large-patch14"}, h200)
+    assert b32[0] < b16[0] < l14[0]  # time follows the towers' sizes
+    assert b32[1] == b16[1] < l14[1]  # memory too, but the frozen image tower saves nothing for a backward pass
+    assert cell_estimate(paper, None)[0] > 20 * b16[0]  # on a 2-core CPU: hours, not minutes
+    folder = tmp_path / "my-clip"  # a local checkpoint: its own config.json says what it is
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps({"vision_config": {"image_size": 224, "patch_size": 14}}))
+    assert architecture_of(str(folder)) == Architecture(12, 768, 257, 12, 512)
+    assert "its config.json is neither here nor known" in cell_estimate({**paper, "model": "org/unknown"}, h200)
+
+    monkeypatch.setattr(bench_main, "host_gpus", lambda: [])  # a host without a GPU: its CPU, not an h200
+    monkeypatch.setattr(bench_main, "host_gpu_class", lambda: None)
+    testbed = Path(__file__).resolve().parents[1] / "conf" / "bench" / "testbed.yaml"
+    assert bench_main.main([str(testbed), "--dry-run", "--out", str(tmp_path / "bench")]) == 0
+    out = capsys.readouterr().out
+    assert "estimate on a 2-core CPU" in out and "78 of 87 cells" in out and "this host has no GPU" in out
+    assert "local-method 'tpt-online'" in out  # the cells it cannot cover are named
+
+
+def test_a_bench_cell_without_num_clients_is_refused_before_it_waits_for_supernodes(tmp_path, capsys):
+    """num-clients = 0 (one client per SuperNode) in a bench cell waited node-wait-timeout (300 s) per cell and failed
+    with 'start the SuperNodes'; --dry-run passed it."""
+    from fedrapp_app.bench.__main__ import main
+
+    bench = tmp_path / "no-clients.yaml"
+    bench.write_text("grids: {g: {axes: {strategy: [none-fed, fedrapp], seed: [0]}}}\n")
+    for extra in ([], ["--dry-run"]):
+        assert main([str(bench), "--out", str(tmp_path / "out"), *extra]) == 2
+        err = capsys.readouterr().err
+        assert "num-clients = 0, which means one client per SuperNode" in err and "--set num-clients=8" in err
+    assert not (tmp_path / "out" / "runs").exists()
+    assert main([str(bench), "--out", str(tmp_path / "out"), "--dry-run", "--set", "num-clients=8"]) == 0
+
+
+def test_the_trust_options_cells_are_paired_with_none_fed_in_the_gains_and_figures(tmp_path, monkeypatch):
+    """A {strategy: fedrapp, trust: true} cell looked its reference up as a none-fed cell with trust = true, so the
+    gain table showed '–' and the gain figure left it out (the pattern of continual.yaml and training-free.yaml)."""
+    import fedrapp_app.bench.report as report_module
+    from fedrapp_app.bench.schema import reference_key
+
+    root = Path(__file__).resolve().parents[1] / "conf" / "bench"
+    for name in ("continual.yaml", "training-free.yaml"):
+        spec = load_bench(root / name)
+        keys = {cell.key for cell in spec.cells}
+        trust = [cell for cell in spec.cells if cell.overrides.get("trust")]
+        assert trust and all(reference_key(cell.overrides) in keys for cell in trust), name
+
+    rows = []
+    for seed, (local, option) in enumerate([(0.50, 0.52), (0.60, 0.61), (0.55, 0.57)]):
+        rows.append(fake_row(identity_key({"strategy": "none-fed", "seed": seed}), "none-fed", seed, local))
+        trust = fake_row(f"t{seed}", "fedrapp+trust", seed, option, trust=True)
+        trust["config"]["strategy"] = "fedrapp"
+        rows.append(trust)
+    settings = settings_of(rows)
+    gain = settings[1].gain(by_key(rows))
+    assert gain.n == 3 and gain.mean == pytest.approx((0.02 + 0.01 + 0.02) / 3)
+    assert "| fedrapp+trust | +1.67 ± 0.58 |" in grid_markdown(settings, set(), by_key(rows), {}, 0)
+    drawn = {}
+    monkeypatch.setattr(report_module, "gains_figure", lambda gains, title, path: drawn.update(gains))
+    assert write_gain_figures(settings, by_key(rows), tmp_path) == {"g": "gains-g.png"}
+    assert [label for label, _ in drawn["iid"]] == ["fedrapp+trust"]

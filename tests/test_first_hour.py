@@ -598,3 +598,60 @@ def test_free_port_never_hands_out_the_same_port_twice(monkeypatch):
     monkeypatch.setattr(launch.socket, "socket", Probe)
     monkeypatch.setattr(launch, "_GIVEN_PORTS", set())
     assert [launch.free_port(), launch.free_port()] == [50001, 50002]
+
+
+def test_the_data_check_says_what_it_found_and_warns_on_one_class_and_on_split_folders(tmp_path, folder_tiny):
+    """--check passed a folder holding train/ and test/ as a 2-class dataset named test/train, and a one-class folder
+    that then scored 100%: it now says what it found and warns on both; an empty folder is refused."""
+    from fedrapp_app.data import clear_caches
+
+    def findings(data: Path):
+        clear_caches()
+        return check_data(RunConfig.from_run_config(folder_run(folder_tiny, data, tmp_path / "out")))
+
+    image_folder(tmp_path / "ok", good=12, corrupt={})
+    ok = findings(tmp_path / "ok")
+    assert ok.classes == list(FOLDER_CLASSES) and ok.per_client == [6, 6] and ok.warnings() == []
+    lines = ok.lines()
+    assert "3 classes (circle, square, star)" in lines[0]
+    assert lines[1] == "samples per client: 6, 6 (12 in all, 6 to 6)"
+    assert lines[2] == "shift domains: none (no corruption)"
+
+    for split in ("train", "test"):  # data-dir one level too high: the splits became the classes
+        image_folder(tmp_path / "splits" / split, good=6, corrupt={})
+    (warning,) = findings(tmp_path / "splits").warnings()
+    assert "'test', 'train' look like split folders" in warning and f"data-dir='{tmp_path}/splits/test'" in warning
+
+    (tmp_path / "one" / "circle").mkdir(parents=True)
+    rng = np.random.default_rng(1)
+    for i in range(8):
+        image = Image.fromarray(rng.integers(0, 256, (20, 20, 3), dtype=np.uint8))
+        image.save(tmp_path / "one" / "circle" / f"{i}.png")
+    (warning,) = findings(tmp_path / "one").warnings()
+    assert "the dataset has one class ('circle')" in warning and "its accuracy says nothing" in warning
+
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(PreflightError):
+        findings(tmp_path / "empty")
+
+
+def test_fedrapp_sim_check_names_the_model_the_classes_and_the_samples():
+    done = subprocess.run(
+        [sys.executable, "-m", "fedrapp_app.running.launch", str(ROOT), "--check", "-c", "num-clients=4"],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    out = done.stdout
+    assert "model: CLIP (image ViT" in out and "from the shipped offline testbed model" in out
+    assert "data: " in out and f"{len(world.CLASSNAMES)} classes ({', '.join(world.CLASSNAMES[:5])}, ...)" in out
+    assert "samples per client: " in out and "(5120 in all" in out
+
+
+def test_a_model_path_that_is_a_file_is_named_as_a_file(tmp_path):
+    weights = tmp_path / "clip" / "model.safetensors"
+    weights.parent.mkdir()
+    weights.write_bytes(b"x")
+    with pytest.raises(PreflightError, match=rf"is a file, not a folder.*model='{tmp_path}/clip'"):
+        check_model(str(weights))
+    found = check_model("testbed")
+    assert found.startswith("CLIP (image ViT") and found.endswith("from the shipped offline testbed model")

@@ -338,6 +338,6 @@ def test_several_seeds_run_in_turn_report_their_mean_and_resume_by_skipping_the_
     seeds = json.loads((tmp_path / "out" / "exp-seeds" / "seeds.json").read_text())
     assert [s["seed"] for s in seeds["seeds"]] == [0, 1] and seeds["over_seeds"]["micro_accuracy"]["seeds"] == 2
     page = (tmp_path / "out" / "exp-seeds" / "report.md").read_text()
-    assert "over 2 seeds" in page and "| mean ± std [95% interval] |" in page
+    assert ": 2 seeds (0, 1)" in page and "| mean ± std [95% interval] |" in page
     again = _fedrapp_sim(["--seeds", "0,1", "-c", _as_overrides({**config, "resume": True})], tmp_path / "flwr-home")
     assert again.returncode == 0 and again.stdout.count("already finished") == 2, again.stdout[-2000:]

@@ -459,3 +459,107 @@ def test_a_seed_list_reads_lists_and_ranges_and_refuses_the_rest():
     for bad in ("", "a", "1,1", "-1", "3-x"):
         with pytest.raises(argparse.ArgumentTypeError):
             seed_list(bad)
+
+
+# ----------------------------------------------------------------------------------- a new user's first comparison
+@pytest.mark.parametrize(
+    ("name", "why"),
+    [
+        ("../../escape", "points outside output-dir"),
+        ("exp/a b", "is a path, not a folder name"),
+        ("..", "points outside output-dir"),
+        ("a\\b", "is a path, not a folder name"),
+    ],
+)
+def test_a_run_name_is_one_folder_inside_output_dir_and_the_fix_it_names_works(name, why, tmp_path):
+    """run-name='../../escape' wrote outside output-dir (in a deployment a remote -c chose paths on the SuperLink's
+    host); 'exp/a b' broke --seeds (the runs went to one folder, the report looked in another)."""
+    import re
+
+    from fedrapp_app.federation.server import run_dir_of
+
+    with pytest.raises(ConfigError, match=re.escape(why)) as refused:
+        RunConfig.from_run_config({"run-name": name, "output-dir": str(tmp_path)})
+    fixed = re.search(r"fix: -c \"run-name='([^']*)'\"", str(refused.value)).group(1)
+    config = RunConfig.from_run_config({"run-name": fixed, "output-dir": str(tmp_path)})
+    assert run_dir_of(config).parent == tmp_path.resolve()
+    derived = RunConfig.from_run_config({"model": "/models/my/clip/", "output-dir": str(tmp_path)})
+    assert run_dir_of(derived).parent == tmp_path.resolve() and run_dir_of(derived).name.startswith("testbed-clip-")
+
+
+def test_fedrapp_sim_refuses_a_run_name_that_leaves_output_dir_before_anything_is_written(tmp_path):
+    done, _ = fedrapp_sim(str(ROOT), "-c", f"output-dir='{tmp_path / 'out'}' run-name='../../escape'")
+    assert done.returncode == 2 and "points outside output-dir" in done.stderr and "Traceback" not in done.stderr
+    assert not (tmp_path / "out").exists() and not (tmp_path.parent / "escape").exists()
+
+
+def test_check_with_seeds_checks_each_seed_and_writes_no_report(tmp_path):
+    """``--check --seeds 0,1`` crashed after every check passed: it wrote a seeds report for runs that never ran."""
+    done, _ = fedrapp_sim(
+        str(ROOT), "--check", "--seeds", "0,1", "-c", f"output-dir='{tmp_path}' run-name='s' num-clients=4",
+        timeout=180,
+    )  # fmt: skip
+    assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr
+    assert done.stdout.count("are fine for 4 clients") == 2 and "seeds' report would go to" in done.stdout
+    assert not any(tmp_path.iterdir())  # nothing ran, nothing written
+
+
+def test_a_reversed_seed_range_is_called_one():
+    import argparse
+
+    from fedrapp_app.running.launch import seed_list
+
+    with pytest.raises(argparse.ArgumentTypeError, match=r"3-1 is a reversed range \(fix: 1-3"):
+        seed_list("3-1")
+
+
+CUT_PIPE = """
+import sys, time
+from pathlib import Path
+from fedrapp_app.running.console import resilient_output
+
+def body():
+    try:
+        print("fedrapp-sim: round 1", flush=True)
+        time.sleep(60)
+    except KeyboardInterrupt:
+        for k in range(50):  # the stop's lines, each to a pipe nobody reads any more
+            print(f"fedrapp-sim: stopping {k}", file=sys.stderr)
+            print(f"fedrapp-sim: stopping {k}")
+        Path(sys.argv[1]).write_text("interrupted")  # summary.json and the resume command come after those lines
+        return 130
+    return 0
+
+if sys.argv[2] == "wrapped":
+    with resilient_output():
+        sys.exit(body())
+sys.exit(body())
+"""
+
+
+@pytest.mark.parametrize(("how", "code"), [("wrapped", 130), ("bare", 1)])
+def test_ctrl_c_under_tee_exits_130_and_writes_its_files_though_the_pipe_is_gone(tmp_path, how, code):
+    """``fedrapp-sim ... | tee log`` and Ctrl-C: the shell stops tee too, the launcher's next line hit a broken pipe,
+    and the stop ended with status 1, no resume command and no summary.json. The launcher's output is wrapped
+    (running.console) so that the stop goes on; 'bare' shows the failure the wrapper prevents."""
+    import signal
+
+    summary = tmp_path / "summary.json"
+    child = subprocess.Popen(
+        [sys.executable, "-c", CUT_PIPE, str(summary), how],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+    )  # fmt: skip
+    assert child.stdout.readline() == "fedrapp-sim: round 1\n"
+    child.stdout.close()  # tee is gone
+    child.stderr.close()
+    child.send_signal(signal.SIGINT)
+    assert child.wait(timeout=30) == code
+    assert summary.is_file() == (how == "wrapped")
+
+
+def test_a_dp_run_says_so_in_words():
+    from fedrapp_app.config.privacy import privacy_words
+
+    assert privacy_words({"dp": False, "dp-epsilon": 8.0}) is None
+    assert privacy_words({"dp": True, "dp-epsilon": 8.0, "dp-delta": 1e-5}) == "dp ε = 8, δ = 1e-05"
+    assert privacy_words({"dp": True, "dp-epsilon": float("inf")}).startswith("dp ε = ∞ (clipping, no noise)")

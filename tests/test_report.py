@@ -320,3 +320,58 @@ def test_the_report_says_what_each_point_rests_on_and_follows_each_domain_over_t
     run = FakeRun()
     run.rows = rows
     assert domains_seen(run) == {0: "blur:2 → contrast:2 → mixed", 1: "contrast:2"}
+
+
+def test_a_runs_report_says_how_it_compares_with_none_fed_beside_it(runs, reports, tmp_path):
+    """A one-run report could not say whether its accuracy was good: the none-fed run on the same streams, when one
+    is beside it, gives the paired gain; without one the report names the command that makes one."""
+    text = reports["fedavg"].read_text()
+
+    def micro(name: str) -> float:
+        run = load_run(runs[name])
+        return totals(client_stats(run), run).micro
+
+    none_fed, gain = micro("none-fed"), 100 * (micro("fedavg") - micro("none-fed"))
+    assert f"Beside it, none-fed on the same streams (`none-fed`): {100 * none_fed:.2f}% micro" in text
+    assert f"gains **{gain:+.2f} points**" in text
+    assert "Beside it, none-fed" not in reports["none-fed"].read_text()
+    alone = tmp_path / "alone" / "fedavg"
+    shutil.copytree(runs["fedavg"], alone)
+    assert "No none-fed run on the same streams is beside this one" in write_report([alone]).read_text()
+    assert "`fedrapp-sim --compare`" in write_report([alone]).read_text()
+
+
+def test_the_config_section_lists_the_users_settings_not_where_it_wrote_or_what_the_run_resolved(runs, tmp_path):
+    """The config section listed keys the user never set: where the run wrote, and num-clients that a
+    run with num-clients = 0 set itself from its SuperNodes."""
+    folder = tmp_path / "fedavg"
+    shutil.copytree(runs["fedavg"], folder)
+    stored = json.loads((folder / "config.json").read_text())
+    stored["resolved"] = {"num-clients": "0 in the config: one client per SuperNode"}
+    (folder / "config.json").write_text(json.dumps(stored))
+    section = write_report([folder], tmp_path / "page").read_text().split("## Config and provenance")[1]
+    table = section.split("\n\n")[2]
+    assert "| strategy | `'fedavg'` |" in table and "output-dir" not in table and "run-name" not in table
+    assert "num-clients" not in table
+    assert "Set by the run when it started: num-clients = `4` (0 in the config: one client per SuperNode)." in section
+
+
+def test_the_seeds_report_titles_the_setting_and_keeps_intervals_inside_0_100(runs, tmp_path):
+    from fedrapp_app.bench.stats import ACCURACY, mean_std
+    from fedrapp_app.report.seeds import write_seeds_report
+
+    wide = mean_std([0.2, 0.9])  # two seeds far apart: the raw interval runs far past 0 and 100
+    assert wide.ci95()[0] < 0 and wide.ci95()[1] > 1 and wide.ci95(ACCURACY) == (0.0, 1.0)
+    assert wide.format_ci95(signed=False, bounds=ACCURACY) == "[0.00, 100.00]"
+    folders = []
+    for seed in (0, 1):
+        folder = tmp_path / f"none-fed-seed{seed}"
+        shutil.copytree(runs["none-fed"], folder)
+        stored = json.loads((folder / "config.json").read_text())
+        stored["config"]["seed"] = seed
+        (folder / "config.json").write_text(json.dumps(stored))
+        folders.append(folder)
+    text = write_seeds_report(folders, tmp_path / "seeds").read_text()
+    assert text.startswith("# none-fed + adaprompt, testbed: 2 seeds (0, 1)\n")
+    mean_row = next(line for line in text.splitlines() if line.startswith("| mean ± std"))
+    assert "[+" not in mean_row and "[-" not in mean_row and "interval is wide (t = 12.7)" in text

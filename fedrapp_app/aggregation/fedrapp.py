@@ -254,6 +254,6 @@ def fedrapp_round(
 FEDRAPP = Rule(
     fedrapp_round,
     FedRAPPParams,
-    summary="FedRAPP (SPEC §4): reliability-aware memories and peer prompts",
+    summary="FedRAPP (the paper's rule): reliability-aware memories and peer prompts",
     newcomer="memory-mean",
 )

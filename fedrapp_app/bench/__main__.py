@@ -16,9 +16,12 @@ from typing import Any
 
 import yaml
 
-from fedrapp_app.bench.estimate import GPU_CLASSES, grid_estimate, host_gpu_class
+from fedrapp_app.bench.estimate import CPU, GPU_CLASSES, grid_estimate, host_gpu_class
 from fedrapp_app.bench.grid import BenchRunner, Executor, LocalExecutor, host_gpus
 from fedrapp_app.bench.schema import BenchError, load_bench
+
+#: The GPU classes ``--gpu-type`` offers, beside ``cpu``.
+GPU_TYPES = sorted(GPU_CLASSES)
 
 
 def parse_assignments(items: list[str]) -> dict[str, Any]:
@@ -51,15 +54,17 @@ def flag_problem(args: argparse.Namespace) -> str | None:
 
 
 def dry_run_estimate(cells: list[Any], args: argparse.Namespace) -> str:
-    """The estimate ``--dry-run`` prints: on ``--gpu-type`` (default this host's GPU, else h200) and ``--gpus``."""
-    gpu_type = args.gpu_type or host_gpu_class()
+    """The estimate ``--dry-run`` prints: on ``--gpu-type`` (default this host's GPU; on a host without one its
+    CPU; on a GPU the table does not know an h200) and ``--gpus`` (default this host's, or ``--workers``)."""
+    gpus_here = host_gpus()
+    gpu_type = args.gpu_type or host_gpu_class() or (CPU if not gpus_here else None)
     note = ""
     if gpu_type is None:
         gpu_type = "h200"
-        note = (
-            f"\n  (this host has no GPU the estimate knows; --gpu-type picks one of {', '.join(sorted(GPU_CLASSES))})"
-        )
-    gpus = args.gpus or max(1, len(host_gpus()))
+        note = f"\n  (this host's GPU is not in the estimate's table; --gpu-type picks one of {', '.join(GPU_TYPES)})"
+    elif gpu_type == CPU and not args.gpu_type:
+        note = f"\n  (this host has no GPU: the estimate is for its CPU; --gpu-type picks one: {', '.join(GPU_TYPES)})"
+    gpus = args.gpus or (max(1, len(gpus_here)) if gpu_type != CPU else args.workers)
     return grid_estimate([cell.overrides for cell in cells], gpu_type, gpus) + note
 
 
@@ -114,9 +119,10 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument(
         "--gpu-type",
-        choices=sorted(GPU_CLASSES),
+        choices=[*GPU_TYPES, CPU],
         default=None,
-        help="--dry-run's estimate on this class of GPU (default: this host's, else h200)",
+        help="--dry-run's estimate on this class of GPU, or 'cpu' (default: this host's GPU; its CPU on a host "
+        "without one)",
     )
     parser.add_argument(
         "--gpus", type=int, default=None, help="--dry-run's estimate on this many GPUs (default: this host's, or 1)"

@@ -13,7 +13,10 @@ the GPU. Both are assumptions, so the result is an estimate, not a measurement.
 
 Run: ``python -m fedrapp_app.bench.estimate`` (about a minute on idle 2 cores, 3 on busy ones); prints a markdown
 table. ``python -m fedrapp_app.bench <bench.yaml> --dry-run --gpu-type h200 --gpus 8`` estimates a grid's cells from
-the costs this command printed (:data:`MEASURED`, :func:`grid_estimate`) on a class of GPU (:data:`GPU_CLASSES`).
+the costs this command printed (:data:`MEASURED`, :func:`grid_estimate`) on a class of GPU (:data:`GPU_CLASSES`) or
+on a CPU (``--gpu-type cpu``, the default on a host without a GPU: the measured CPU seconds). Another CLIP's cost is
+ViT-B/16's scaled by its towers' sizes (:func:`scaled_cost`; its config.json, or a known Hub id); the testbed's
+comes from its measured step (:data:`TESTBED_STEP_SECONDS`).
 """
 
 from __future__ import annotations
@@ -257,8 +260,6 @@ MEASURED: dict[str, StepCost] = {
 }
 MEASURED_DECODE = (1.5e-3, 4.9e-3)  # seconds per 500x375 JPEG: decode, preprocess
 MEASURED_WEIGHTS = 571 * 2**20  # fp32 bytes of ViT-B/16 CLIP
-#: The model whose step costs were measured (the paper's).
-MEASURED_MODEL = "openai/clip-vit-base-patch16"
 #: The assumptions of the command's defaults.
 UTILIZATION, STEP_OVERHEAD, DECODE_WORKERS = 0.3, 0.03, 4
 
@@ -306,34 +307,148 @@ def host_gpu_class(driver: Path = Path("/proc/driver/nvidia/gpus")) -> str | Non
     return None
 
 
-def cell_estimate(overrides: Mapping[str, Any], gpu: GpuClass) -> tuple[float, float] | str:
-    """(minutes, peak GPU memory GB) of one cell (its run-config overrides) on a ``gpu``, from :data:`MEASURED`;
-    or, when the measured costs do not cover the cell, the setting that is not covered."""
-    from fedrapp_app.config import DEFAULTS  # light
+#: Seconds of one testbed client step (a batch of 64 renders through the tiny CLIP, AdaPrompt or IM) on one CPU
+#: thread: the median cell of docs/results/raw/continual_cells.json took 33.9 s for 8 clients x 5120 renders (84
+#: client steps), each cell on one thread, two at once on 2 cores. A GPU host runs it alike: the step is CPU-bound.
+TESTBED_STEP_SECONDS = 0.40
+#: The testbed's methods that step costs: AdaPrompt and IM measured, zero-shot cheaper (an upper bound).
+TESTBED_METHODS = ("adaprompt", "im", "zeroshot")
+#: "cpu" in ``--gpu-type``: the 2-core CPU :data:`MEASURED` was measured on (its ``cpu_seconds``, 2 threads).
+CPU = "cpu"
 
-    config = {**DEFAULTS, **overrides}
-    dataset, method, model = str(config["dataset"]), str(config["local-method"]), str(config["model"])
-    if dataset not in PAPER_SIZES:
-        return f"dataset {dataset!r}"
-    if method not in MEASURED:
-        return f"local-method {method!r}"
-    if model != MEASURED_MODEL:
-        return f"model {model!r}"
-    if int(config["batch-size"]) != BATCH or str(config["precision"]) != "bf16" or bool(config.get("csc")):
-        return "batch-size, precision or csc other than 64, bf16, false"
-    classes, images = PAPER_SIZES[dataset]
+
+@dataclass(frozen=True)
+class Architecture:
+    """A CLIP's towers: layers and width of each, and the image tower's tokens ((image / patch)² + 1)."""
+
+    vision_layers: int
+    vision_width: int
+    vision_tokens: int
+    text_layers: int
+    text_width: int
+
+    @classmethod
+    def of_config(cls, config: Mapping[str, Any]) -> Architecture:
+        """From a checkpoint's ``config.json`` (``transformers``' CLIP defaults where a key is absent)."""
+        vision, text = config.get("vision_config") or {}, config.get("text_config") or {}
+        tokens = (int(vision.get("image_size", 224)) // int(vision.get("patch_size", 32))) ** 2 + 1
+        return cls(
+            int(vision.get("num_hidden_layers", 12)),
+            int(vision.get("hidden_size", 768)),
+            tokens,
+            int(text.get("num_hidden_layers", 12)),
+            int(text.get("hidden_size", 512)),
+        )
+
+    def ratios(self, other: Architecture) -> tuple[float, float, float]:
+        """(image tower, text tower, weights) of this architecture over ``other``'s: compute per step as
+        ``12·t·w² + 2·t²·w`` per layer (projections, MLP, attention; the text on :data:`TEXT_TOKENS` tokens), weights
+        as ``12·w²`` per layer."""
+
+        def tower(layers: int, width: int, tokens: int) -> float:
+            return layers * (12 * tokens * width**2 + 2 * tokens**2 * width)
+
+        vision = tower(self.vision_layers, self.vision_width, self.vision_tokens) / tower(
+            other.vision_layers, other.vision_width, other.vision_tokens
+        )
+        text = tower(self.text_layers, self.text_width, TEXT_TOKENS) / tower(
+            other.text_layers, other.text_width, TEXT_TOKENS
+        )
+        weights = (self.vision_layers * self.vision_width**2 + self.text_layers * self.text_width**2) / (
+            other.vision_layers * other.vision_width**2 + other.text_layers * other.text_width**2
+        )
+        return vision, text, weights
+
+
+#: Text tokens of one class's prompt in the measured step (SOS, 4 context vectors, a 12-token name, '.', EOS).
+TEXT_TOKENS = 19
+VIT_B16 = Architecture(12, 768, 197, 12, 512)
+#: OpenAI's CLIPs on the Hub (their config.json), for an estimate before the checkpoint is downloaded.
+KNOWN_ARCHITECTURES: dict[str, Architecture] = {
+    "openai/clip-vit-base-patch32": Architecture(12, 768, 50, 12, 512),
+    "openai/clip-vit-base-patch16": VIT_B16,
+    "openai/clip-vit-large-patch14": Architecture(24, 1024, 257, 12, 768),
+    "openai/clip-vit-large-patch14-336": Architecture(24, 1024, 577, 12, 768),
+}
+
+
+def architecture_of(model: str) -> Architecture | None:
+    """A model's :class:`Architecture`: its local folder's ``config.json``, the Hub cache's, or a known Hub id's;
+    None when none of them says."""
+    import json
+
+    folder = Path(model).expanduser()
+    candidates = [folder / "config.json"] if folder.is_dir() else []
+    if not candidates and model.count("/") == 1:
+        from huggingface_hub import try_to_load_from_cache
+
+        cached = try_to_load_from_cache(model, "config.json")
+        candidates = [Path(cached)] if isinstance(cached, str) else []
+    for path in candidates:
+        try:
+            return Architecture.of_config(json.loads(path.read_text()))
+        except (OSError, ValueError):
+            pass
+    return KNOWN_ARCHITECTURES.get(model)
+
+
+def scaled_cost(cost: StepCost, arch: Architecture) -> StepCost:
+    """A ViT-B/16 step's measured cost scaled to ``arch``: the part that does not grow with the classes (the image
+    tower) by the image towers' ratio, the per-class part (the text tower and its saved activations) by the text
+    towers'; the CPU seconds by the FLOPs at the measured 16 classes."""
+    vision, text, _ = arch.ratios(VIT_B16)
+    flops = (cost.flops[0] * vision, cost.flops[1] * text)
+    at16 = (flops[0] + 16 * flops[1]) / (cost.flops[0] + 16 * cost.flops[1])
+    return StepCost(flops, (cost.saved_bytes[0] * text, cost.saved_bytes[1] * text), cost.cpu_seconds * at16)
+
+
+def _steps(config: Mapping[str, Any], images: int) -> tuple[int, int]:
+    """(images, client steps) of a cell: its clients' batches, cut at num-rounds' sampled clients."""
     clients = int(config["num-clients"])
     per_client = int(config["max-samples-per-client"])
     if per_client and clients:
         images = min(images, clients * per_client)
-    steps = client_steps(images, clients)
+    batch = int(config["batch-size"])
+    steps = math.ceil(images / batch) + clients // 2  # Dirichlet partitions end in partial batches
     rounds = int(config["num-rounds"])
     if rounds:  # a cell cut at num-rounds scores that many rounds of the sampled clients
         cap = rounds * max(1, math.ceil(max(clients, 1) * float(config["fraction"])))
         if steps > cap:
             images, steps = math.ceil(images * cap / steps), cap
+    return images, steps
+
+
+def cell_estimate(overrides: Mapping[str, Any], gpu: GpuClass | None) -> tuple[float, float | None] | str:
+    """(minutes, peak GPU memory GB or None) of one cell (its run-config overrides) on a ``gpu`` (None: on the
+    measured 2-core CPU, no GPU memory); or, when the measured costs do not cover the cell, the setting that is not
+    covered. The testbed from its measured step; another CLIP from ViT-B/16's, scaled to its architecture
+    (:func:`scaled_cost`)."""
+    from fedrapp_app.config import DEFAULTS  # light
+
+    config = {**DEFAULTS, **overrides}
+    dataset, method, model = str(config["dataset"]), str(config["local-method"]), str(config["model"])
+    if model == "testbed":
+        if dataset != "testbed" or method not in TESTBED_METHODS:
+            return f"model 'testbed' with dataset {dataset!r} and local-method {method!r}"
+        _, steps = _steps(config, int(config["testbed-samples"]))
+        return steps * TESTBED_STEP_SECONDS * int(config["batch-size"]) / BATCH / 60, None
+    if dataset not in PAPER_SIZES:
+        return f"dataset {dataset!r}"
+    if method not in MEASURED:
+        return f"local-method {method!r}"
+    arch = architecture_of(model)
+    if arch is None:
+        return f"model {model!r} (its config.json is neither here nor known)"
+    if int(config["batch-size"]) != BATCH or bool(config.get("csc")) or (gpu and str(config["precision"]) != "bf16"):
+        return "batch-size, precision or csc other than 64, bf16, false"
+    classes, images = PAPER_SIZES[dataset]
+    images, steps = _steps(config, images)
+    cost = scaled_cost(MEASURED[method], arch)
+    if gpu is None:
+        per_step = cost.cpu_seconds * cost.at(classes)[0] / cost.at(16)[0]
+        return (steps * per_step + images * sum(MEASURED_DECODE)) / 60, None
     minutes = cell_minutes(
-        MEASURED[method],
+        cost,
         classes,
         images,
         steps,
@@ -342,7 +457,7 @@ def cell_estimate(overrides: Mapping[str, Any], gpu: GpuClass) -> tuple[float, f
         step_overhead=STEP_OVERHEAD,
         decode_workers=DECODE_WORKERS,
     )
-    return minutes, cell_memory_gb(MEASURED[method], classes, MEASURED_WEIGHTS)
+    return minutes, cell_memory_gb(cost, classes, MEASURED_WEIGHTS * arch.ratios(VIT_B16)[2])
 
 
 def wall_minutes(minutes: Sequence[float], gpus: int) -> float:
@@ -358,37 +473,45 @@ def _duration(minutes: float) -> str:
 
 
 def grid_estimate(cells: Sequence[Mapping[str, Any]], gpu_type: str, gpus: int = 1) -> str:
-    """What ``--dry-run`` prints: the estimated GPU-hours of these cells (their overrides) on ``gpu_type`` (a
-    :data:`GPU_CLASSES` key), the time they take on 1 GPU and on ``gpus``, the longest cell and the memory a cell
-    needs, and which cells the measured costs do not cover."""
-    gpu = GPU_CLASSES[gpu_type]
+    """What ``--dry-run`` prints: the estimated device-hours of these cells (their overrides) on ``gpu_type`` (a
+    :data:`GPU_CLASSES` key, or :data:`CPU`), the time they take on 1 device and on ``gpus`` (workers), the longest
+    cell and the memory a cell needs, and which cells the measured costs do not cover."""
+    gpu = None if gpu_type == CPU else GPU_CLASSES[gpu_type]
+    unit = "GPU" if gpu else "worker"
     estimates = [cell_estimate(cell, gpu) for cell in cells]
     covered = [e for e in estimates if isinstance(e, tuple)]
     missing: dict[str, int] = {}
     for e in estimates:
         if isinstance(e, str):
             missing[e] = missing.get(e, 0) + 1
+    where = (
+        f"{gpu.name} ({gpu.peak_tflops:g} TFLOP/s dense bf16, {gpu.memory_gb:g} GB; {UTILIZATION:.0%} of the peak "
+        f"and {STEP_OVERHEAD * 1000:.0f} ms per step assumed)"
+        if gpu
+        else "a 2-core CPU like the one measured (one worker: a cell on its 2 threads; the testbed: one thread)"
+    )
     lines = [
-        f"estimate on {gpu.name} ({gpu.peak_tflops:g} TFLOP/s dense bf16, {gpu.memory_gb:g} GB; "
-        f"fedrapp_app/bench/estimate.py: step costs measured on ViT-B/16, {UTILIZATION:.0%} of the peak and "
-        f"{STEP_OVERHEAD * 1000:.0f} ms per step assumed):"
+        f"estimate on {where}; fedrapp_app/bench/estimate.py: step costs measured on ViT-B/16 (other CLIPs scaled "
+        "by their architecture) and on the testbed:"
     ]
     if covered:
         minutes = [m for m, _ in covered]
-        memory = max(gb for _, gb in covered)
-        on = f"on 1 GPU about {_duration(wall_minutes(minutes, 1))}"
+        memory = max((gb for _, gb in covered if gb is not None), default=None)
+        on = f"on 1 {unit} about {_duration(wall_minutes(minutes, 1))}"
         if gpus > 1:
-            on += f", on {gpus} GPUs about {_duration(wall_minutes(minutes, gpus))}"
-        fits = "" if memory <= gpu.memory_gb else f": more than the {gpu.memory_gb:g} GB of a card, it will not fit"
-        lines.append(
-            f"  {len(covered)} of {len(cells)} cells: {sum(minutes) / 60:.1f} GPU-hours; {on} (longest cell "
-            f"{max(minutes):.1f} min); up to {memory:.1f} GB of GPU memory per cell{fits}"
-        )
+            on += f", on {gpus} {unit}s about {_duration(wall_minutes(minutes, gpus))}"
+        hours = f"{sum(minutes) / 60:.1f} {unit}-hours"
+        line = f"  {len(covered)} of {len(cells)} cells: {hours}; {on} (longest cell {max(minutes):.1f} min)"
+        if gpu is not None and memory is not None:
+            fits = "" if memory <= gpu.memory_gb else f": more than the {gpu.memory_gb:g} GB of a card, it will not fit"
+            line += f"; up to {memory:.1f} GB of GPU memory per cell{fits}"
+        lines.append(line)
     if missing:
         listing = ", ".join(f"{setting} ({count})" for setting, count in missing.items())
         lines.append(
-            f"  no estimate for {sum(missing.values())} cell(s): the measured costs cover {MEASURED_MODEL} with "
-            f"{' or '.join(MEASURED)} on the paper's datasets, batch 64, bf16; not {listing}"
+            f"  no estimate for {sum(missing.values())} cell(s): the measured costs cover CLIPs whose architecture "
+            f"is known with {' or '.join(MEASURED)} on the paper's datasets (batch 64, bf16 on a GPU), and the "
+            f"testbed with {', '.join(TESTBED_METHODS)}; not {listing}"
         )
     return "\n".join(lines)
 

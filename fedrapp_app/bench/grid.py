@@ -595,9 +595,23 @@ class BenchRunner:
         return self._fingerprints[model]
 
     def check(self) -> None:
-        """Refuse a bench folder of another bench file, and finished rows of another experiment (``BenchError``)."""
+        """Refuse cells that cannot run here, a bench folder of another bench file, and finished rows of another
+        experiment (``BenchError``)."""
+        self.check_clients()
         self.check_folder()
         self.check_finished()
+
+    def check_clients(self) -> None:
+        """Refuse cells without a number of clients: ``num-clients = 0`` means one per SuperNode, and a cell runs
+        with none (in this process, a worker or a Ray task): it would wait ``node-wait-timeout`` and fail."""
+        unset = [cell.id for cell in self.spec.cells if not cell.overrides.get("num-clients", DEFAULTS["num-clients"])]
+        if unset:
+            raise BenchError(
+                f"{len(unset)} cell(s) (e.g. {unset[0]}) have num-clients = 0, which means one client per SuperNode; "
+                "a bench cell runs without SuperNodes (it would wait node-wait-timeout for them and fail). Fix: set "
+                "num-clients in the file's base (e.g. num-clients: 8, what fedrapp-sim runs by default), or "
+                "--set num-clients=8"
+            )
 
     def check_folder(self) -> None:
         """Refuse a bench folder whose ``bench.yaml`` is another bench file's (another ``name``): its rows would

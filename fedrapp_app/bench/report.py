@@ -309,7 +309,7 @@ def write_report(bench_dir: str | Path, out_dir: str | Path | None = None) -> Pa
     text.write(
         f"# Benchmark `{bench_dir.name}`\n\nRegenerate: `python -m fedrapp_app.bench.report {bench_dir}` "
         f"({len(rows)} cells). Online accuracy counts each sample once, predicted in the round it arrived "
-        'after the client\'s local adaptation (SPEC §7); "received prompt" scores the prompt the '
+        'after the client\'s local adaptation (as in the paper); "received prompt" scores the prompt the '
         "server sent, before adaptation.\n\n"
     )
     grids = list(dict.fromkeys(s.grid for s in settings))

@@ -90,7 +90,8 @@ class Cell:
     def id(self) -> str:
         """Folder name: the first membership's labels, then the key (unique by the key alone)."""
         labels = self.memberships[0].labels.values() if self.memberships else ()
-        slug = "_".join(re.sub(r"[^A-Za-z0-9.]+", "-", str(v)).strip("-") for v in labels)
+        # one folder name: no separator, no '..' (a run-name must stay inside output-dir)
+        slug = "_".join(re.sub(r"[^A-Za-z0-9.]+|\.{2,}", "-", str(v)).strip("-") for v in labels)
         return f"{slug}_{self.key}" if slug else self.key
 
 
@@ -136,9 +137,16 @@ def identity_key(overrides: Mapping[str, Any]) -> str:
     return hashlib.sha1(text.encode()).hexdigest()[:10]
 
 
+#: Keys that choose or tune the server rule beside ``strategy`` and its own hyperparameters (``RULE_KEYS``): the
+#: reference of a cell under another rule drops them (FedRAPP's trust option has no meaning under none-fed).
+RULE_CHOICE_KEYS = ("trust", "rule-params")
+
+
 def reference_key(overrides: Mapping[str, Any], strategy: str = "none-fed") -> str:
-    """Identity key of the same cell with another server rule (e.g. the none-fed run it is compared with)."""
-    return identity_key({**overrides, "strategy": strategy})
+    """Identity key of the same cell with another server rule (e.g. the none-fed run it is compared with): the
+    same streams and local method, the rule's own keys (:data:`RULE_CHOICE_KEYS` too) left out."""
+    kept = {k: v for k, v in overrides.items() if k not in RULE_CHOICE_KEYS}
+    return identity_key({**kept, "strategy": strategy})
 
 
 # ----------------------------------------------------------------------------------------------- parsing

@@ -21,6 +21,9 @@ from fedrapp_app.config import DEFAULTS
 #: Summary numbers of a row that the tables report (row["summary"] keys).
 METRICS = ("micro_accuracy", "macro_accuracy", "micro_accuracy_received_prompt")
 
+#: The values an accuracy (a share) can take: its interval is cut to them.
+ACCURACY = (0.0, 1.0)
+
 #: Two-sided 95% quantiles of Student's t (0.975 quantile) for 1..30 degrees of freedom (no scipy needed).
 _T975 = (
     12.706,
@@ -79,19 +82,25 @@ class Stat:
         text = f"{scale * self.mean:{sign}.{digits}f}"
         return text if self.n < 2 else f"{text} ± {scale * self.std:.{digits}f}"
 
-    def ci95(self) -> tuple[float, float]:
-        """95% Student-t interval of the mean, ``mean ± t(n-1)·std/sqrt(n)``; (nan, nan) under 2 values."""
+    def ci95(self, bounds: tuple[float, float] | None = None) -> tuple[float, float]:
+        """95% Student-t interval of the mean, ``mean ± t(n-1)·std/sqrt(n)``, cut to ``bounds`` (the values the
+        quantity can take: :data:`ACCURACY` for an accuracy); (nan, nan) under 2 values."""
         if self.n < 2 or not math.isfinite(self.std):
             return float("nan"), float("nan")
         half = t975(self.n - 1) * self.std / math.sqrt(self.n)
-        return self.mean - half, self.mean + half
+        low, high = self.mean - half, self.mean + half
+        return (low, high) if bounds is None else (max(low, bounds[0]), min(high, bounds[1]))
 
-    def format_ci95(self, scale: float = 100.0, digits: int = 2) -> str:
-        """``"[-0.55, -0.01]"`` (``"–"`` under 2 values)."""
-        low, high = self.ci95()
+    def format_ci95(
+        self, scale: float = 100.0, digits: int = 2, signed: bool = True, bounds: tuple[float, float] | None = None
+    ) -> str:
+        """``"[-0.55, -0.01]"`` for a gain; ``signed=False, bounds=ACCURACY`` for an accuracy: ``"[48.10, 57.63]"``
+        (``"–"`` under 2 values)."""
+        low, high = self.ci95(bounds)
         if not math.isfinite(low):
             return "–"
-        return f"[{scale * low:+.{digits}f}, {scale * high:+.{digits}f}]"
+        sign = "+" if signed else ""
+        return f"[{scale * low:{sign}.{digits}f}, {scale * high:{sign}.{digits}f}]"
 
 
 def mean_std(values: Iterable[float | None]) -> Stat:

@@ -86,3 +86,13 @@ GROUP = Group(
     check,
 )
 _DEFAULTS = {key.name: key.default for key in GROUP.keys}
+
+
+def privacy_words(values: Mapping[str, object]) -> str | None:
+    """What a run's config says about its privacy, for a console line or a table: ``"dp ε = 8, δ = 1e-05"`` (each
+    client's whole stream within that budget) under ``dp = true``, None without dp."""
+    if not values.get("dp", False):
+        return None
+    epsilon, delta = values.get("dp-epsilon", _DEFAULTS["dp-epsilon"]), values.get("dp-delta", _DEFAULTS["dp-delta"])
+    budget = "∞ (clipping, no noise)" if math.isinf(float(epsilon)) else f"{float(epsilon):g}"
+    return f"dp ε = {budget}, δ = {float(delta):g}"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 
 from fedrapp_app.config.keys import Group, Key, Scalar, problem
@@ -13,14 +14,37 @@ STRATEGIES = builtins.RULES
 LOCAL_METHODS = builtins.METHODS
 
 
+def run_name_problem(name: str) -> str | None:
+    """Why ``name`` cannot be a run-name (a folder name inside output-dir, never a path), or None.
+
+    A separator or ``..`` would put the run outside output-dir: in a deployment a remote ``-c`` would choose where the
+    SuperLink's host writes; ``--seeds`` and the reports would look in another folder than the run wrote."""
+    if ".." in name or name == ".":
+        return "holds '..' (or is '.'), which points outside output-dir"
+    if "/" in name or "\\" in name:
+        return "is a path, not a folder name: a run-name is one folder inside output-dir (no '/' or '\\')"
+    if any(ord(c) < 32 for c in name):
+        return "holds a control character"
+    return None
+
+
 def check(v: Mapping[str, Scalar]) -> list[str]:
-    """A resume names the run it continues."""
+    """A resume names the run it continues; a run-name stays inside output-dir."""
+    problems = []
+    name = str(v["run-name"])
+    why = run_name_problem(name) if name else None
+    if why:
+        fixed = "-".join(part for part in re.split(r"[/\\]+|\.\.+", name) if part.strip(". ")) or "my-run"
+        problems.append(
+            f"  run-name = {name!r}: {why} (fix: -c \"run-name='{fixed}'\", and put the folder in "
+            f"output-dir: -c \"output-dir='<folder>'\")"
+        )
     if v["resume"] and not v["run-name"]:
         why = (
             "needs the run-name of the run to continue (derived names carry a start time); set -c \"run-name='<name>'\""
         )
-        return [problem("resume", True, why)]
-    return []
+        problems.append(problem("resume", True, why))
+    return problems
 
 
 GROUP = Group(

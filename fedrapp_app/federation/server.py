@@ -47,10 +47,15 @@ MAX_RULE_FAILURES = 3
 
 
 def run_dir_of(config: RunConfig, start: float | None = None) -> Path:
-    """Absolute results folder: ``output-dir/run-name`` (a timestamp is added to derived names)."""
+    """Absolute results folder: ``output-dir/run-name`` (a timestamp is added to derived names), always one folder
+    inside output-dir (the config refuses a run-name that is a path; a derived name's parts lose their separators)."""
     name = config.run_name()
     if not config["run-name"]:
-        name += time.strftime("-%Y%m%d-%H%M%S", time.localtime(start or time.time()))
+        name = name.replace("/", "-").replace("\\", "-") + time.strftime(
+            "-%Y%m%d-%H%M%S", time.localtime(start or time.time())
+        )
+    if Path(name).name != name or name in (".", ".."):  # RunConfig refused it already; a caller may skip RunConfig
+        raise ConfigError(f"run-name {name!r} is not one folder name inside output-dir")
     return (Path(str(config["output-dir"])).expanduser() / name).resolve()
 
 
@@ -218,14 +223,21 @@ def run_server(
                     done.get("rounds", 0),
                 )
                 return done
+        resolved = {}
         if not config.num_clients:
             wait = float(config["node-wait-timeout"])
             config = config.with_num_clients(count_nodes(grid, int(config["min-nodes"]), wait))
+            resolved["num-clients"] = "0 in the config: one client per SuperNode"
             if checkpoint is not None:
                 _resumable(config, checkpoint)
         resumed = checkpoint.round if checkpoint else None
         recorder = RunRecorder(
-            run_dir, dict(config.values), resume_after=resumed, started=start, components=components(config)
+            run_dir,
+            dict(config.values),
+            resume_after=resumed,
+            started=start,
+            components=components(config),
+            resolved=resolved,
         )
         try:
             return _run_rounds(grid, config, recorder, checkpoint, start, on_round)

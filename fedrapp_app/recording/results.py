@@ -308,13 +308,15 @@ class RunRecorder:
         resume_after: int | None = None,
         started: float | None = None,
         components: dict[str, Any] | None = None,
+        resolved: dict[str, str] | None = None,
     ) -> None:
         """Start a run's files, or with ``resume_after = R`` continue them: rows of rounds after R (from a
         round that never reached its checkpoint) are dropped and the totals are rebuilt from the rest.
         ``started``: epoch seconds the run (this session) started, which the summary's ``seconds`` count from
         (default: now), so that they cover the setup before the files were opened too. ``components``: where the
         rule and the method come from (``registry.entry_points.provenance_of``); a resumed run without them keeps
-        config.json's."""
+        config.json's. ``resolved``: keys the run set itself when it started (``num-clients`` from 0: the
+        SuperNodes), each with what the config said, so that a report tells them from the user's settings."""
         self.run_dir = Path(run_dir).resolve()
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.config = config
@@ -324,6 +326,8 @@ class RunRecorder:
             components = json.loads((self.run_dir / "config.json").read_text()).get("components")
         if components is not None:
             self.provenance["components"] = components
+        if resolved:
+            self.provenance["resolved"] = dict(resolved)
         #: the clients and their streams' sizes, once discovery knows them (``expect``): what a failed run left
         self.num_clients = int(config.get("num-clients", 0) or 0)
         self.num_samples: dict[int, int] = {}

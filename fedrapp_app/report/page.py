@@ -21,9 +21,11 @@ from pathlib import Path
 from typing import Any
 
 from fedrapp_app.bench.rows import write_text_atomic
+from fedrapp_app.bench.schema import RUNNER_KEYS
+from fedrapp_app.config.privacy import privacy_words
 from fedrapp_app.recording.results import outcome_summary, rule_failures, unmoved_warning
 from fedrapp_app.report import figures
-from fedrapp_app.report.runs import ROUNDS_FILE, Run, RunError, load_run
+from fedrapp_app.report.runs import ROUNDS_FILE, Run, RunError, load_run, reference_beside
 from fedrapp_app.report.tables import (
     XI_RULES,
     ClientStats,
@@ -83,8 +85,8 @@ def _accuracy_section(run: Run, t: Totals) -> str:
     out.write("## Accuracy\n\n")
     out.write(
         "Online accuracy counts each sample once, predicted in the round it arrived after the client adapted on "
-        "its batch (SPEC §7); the received prompt's accuracy is the prompt the server sent, on the same samples "
-        "before adaptation: the gap isolates what the local step added, the received prompt what aggregation "
+        "its batch (as in the paper); the received prompt's accuracy is the prompt the server sent, on the same "
+        "samples before adaptation: the gap isolates what the local step added, the received prompt what aggregation "
         "brought. Recomputed from `rounds.jsonl`.\n\n"
     )
     out.write(
@@ -99,6 +101,7 @@ def _accuracy_section(run: Run, t: Totals) -> str:
     out.write(
         f"\n{t.samples} samples scored in {t.rounds} rounds by {t.clients_scored} of {run.num_clients} clients.\n"
     )
+    out.write(_reference_line(run, t))
     out.write(_movement_line(run))
     mismatches = summary_mismatches(run, t)
     if mismatches:
@@ -108,6 +111,26 @@ def _accuracy_section(run: Run, t: Totals) -> str:
         )
     out.write("\n![accuracy per round](accuracy.png)\n\n")
     return out.getvalue()
+
+
+def _reference_line(run: Run, t: Totals) -> str:
+    """Is this accuracy good? The none-fed run beside it on the same streams (a paired gain), or how to get one."""
+    if run.strategy == "none-fed":
+        return ""
+    folder = reference_beside(run)
+    if folder is None:
+        return (
+            f"\nIs {_pct(t.micro)}% good? No none-fed run on the same streams is beside this one to tell: "
+            "`fedrapp-sim --compare` with this run's `-c` runs none-fed, FedAvg, FedRAPP and its trust option on "
+            "this setting over three seeds (paired gains, 95% intervals; docs/choosing.md).\n"
+        )
+    reference = load_run(folder)
+    c = compare([reference, run])
+    return (
+        f"\nBeside it, none-fed on the same streams (`{reference.name}`): {_pct(c.totals[0].micro)}% micro, so this "
+        f"run gains **{100 * (t.micro - c.totals[0].micro):+.2f} points** (per client: "
+        f"{c.paired(1).format(signed=True)}). One seed: `fedrapp-sim --compare` pairs the rules over several.\n"
+    )
 
 
 def _shift_section(run: Run) -> str:
@@ -347,12 +370,16 @@ def _launch_section(launch: dict | None) -> str:
 def _config_section(run: Run) -> str:
     out = io.StringIO()
     out.write("## Config and provenance\n\n")
-    changes = config_changes(run.config)
-    if changes:
-        out.write("Keys that differ from this version's defaults (`fedrapp_app.config.DEFAULTS`):\n\n")
-        out.write(_table(["key", "this run", "default"], [[k, _value(v), _value(d)] for k, v, d in changes]))
+    resolved = run.provenance.get("resolved") or {}
+    changes = [c for c in config_changes(run.config) if c[0] not in RUNNER_KEYS]  # where it writes: named above
+    settings = [c for c in changes if c[0] not in resolved]
+    if settings:
+        out.write("Settings that differ from this version's defaults (`fedrapp_app.config.DEFAULTS`):\n\n")
+        out.write(_table(["key", "this run", "default"], [[k, _value(v), _value(d)] for k, v, d in settings]))
     else:
-        out.write("Every key has its default value.\n")
+        out.write("Every setting has its default value.\n")
+    for key, value, _ in (c for c in changes if c[0] in resolved):
+        out.write(f"\nSet by the run when it started: {key} = {_value(value)} ({resolved[key]}).\n")
     p = run.provenance
     git = p.get("git") or {}
     commit = git.get("commit") or "unknown (not a git checkout)"
@@ -547,6 +574,13 @@ def write_compare_report(runs: Sequence[Run], out: Path, regenerate: str) -> Pat
     page.write("![accuracy per round and per-client differences](compare.png)\n\n")
     outcomes = [outcome_summary(run.rows) for run in runs]
     domain_names = sorted({d for o in outcomes for d in o["per_domain_accuracy"]})
+    privacy = [privacy_words(run.config) for run in runs]
+    if any(privacy):  # a dp run beside one without is not a like-for-like comparison: say which is which
+        page.write(
+            "Client-level differential privacy (docs/privacy.md): "
+            + "; ".join(f"`{label}`: {words or 'off'}" for label, words in zip(labels, privacy, strict=True))
+            + ".\n\n"
+        )
     rows = []
     for k, (run, name, label, t) in enumerate(zip(runs, names, labels, c.totals, strict=True)):
         delta = "" if k == 0 else f"{100 * (t.micro - c.totals[0].micro):+.2f}"
@@ -555,7 +589,7 @@ def write_compare_report(runs: Sequence[Run], out: Path, regenerate: str) -> Pat
             [
                 f"`{label}`" + (" (reference)" if k == 0 else ""),
                 f"[{name}](runs/{name}/{REPORT_FILE})",
-                run.strategy,
+                run.strategy + (" + trust" if run.config.get("trust") else ""),
                 run.method,
                 "finished" if run.complete else "**incomplete**",
                 _pct(t.micro),

@@ -49,8 +49,9 @@ class Run:
     ----------
     path : the run folder (resolved).
     config : the run's full config (kebab-case keys), from ``config.json`` (``summary.json`` as a fallback).
-    provenance : versions, python, platform, git {commit, dirty}, ``started`` (epoch seconds) and ``components``
-        (where the rule and the method come from), where known.
+    provenance : versions, python, platform, git {commit, dirty}, ``started`` (epoch seconds), ``components``
+        (where the rule and the method come from) and ``resolved`` (keys the run set itself: ``num-clients`` from 0),
+        where known.
     rows : the rows of ``rounds.jsonl`` in file order (one per sampled client per round).
     summary : ``summary.json`` or None while the run has not ended (interrupted, or still running).
     domains : each client's shift domain (testbed with ``testbed-domains``), None where it has none.
@@ -116,13 +117,15 @@ class Run:
         return text
 
     @property
+    def setting(self) -> str:
+        """``"fedrapp + adaprompt, testbed"`` (``"fedrapp (trust option) + ..."``): the title without the seed."""
+        rule = self.strategy + (" (trust option)" if self.config.get("trust") else "")
+        return f"{rule} + {self.method}, {self.config.get('dataset', DEFAULTS['dataset'])}"
+
+    @property
     def title(self) -> str:
         """``"fedrapp + adaprompt, testbed, seed 0"``."""
-        c = self.config
-        return (
-            f"{self.strategy} + {self.method}, {c.get('dataset', DEFAULTS['dataset'])}, "
-            f"seed {c.get('seed', DEFAULTS['seed'])}"
-        )
+        return f"{self.setting}, seed {self.config.get('seed', DEFAULTS['seed'])}"
 
 
 def _read_json(path: Path, what: str) -> dict[str, Any]:
@@ -272,7 +275,9 @@ def load_run(folder: str | Path, outcomes: Sequence[str | Path] = ()) -> Run:
         source = config_path if config_path.is_file() else summary_path
         raise RunError(f"{source}: no 'config' object; the file is not one a run wrote (restore it or rerun)")
     provenance = {
-        k: stored[k] for k in ("versions", "python", "platform", "git", "started", "components") if k in stored
+        k: stored[k]
+        for k in ("versions", "python", "platform", "git", "started", "components", "resolved")
+        if k in stored
     }
     if summary is not None:
         known = {k: summary[k] for k in ("versions", "python", "platform", "git", "components") if k in summary}
@@ -285,3 +290,32 @@ def load_run(folder: str | Path, outcomes: Sequence[str | Path] = ()) -> Run:
     if note:
         run.notes.append(note)
     return run
+
+
+#: At most this many folders beside a run are looked at for its reference (an output-dir may hold thousands).
+MAX_SIBLINGS = 2000
+
+
+def reference_beside(run: Run, strategy: str = "none-fed") -> Path | None:
+    """The folder of a finished run beside ``run`` (in the same folder) with the same setting under ``strategy``:
+    the same streams, local method and seed, only the server rule differs (``bench.schema.reference_key``); None
+    when there is none, or when ``run`` is that rule itself."""
+    from fedrapp_app.bench.schema import reference_key
+
+    if run.strategy == strategy:
+        return None
+    wanted = reference_key(run.config, strategy)
+    for count, folder in enumerate(sorted(run.path.parent.iterdir())):
+        if count >= MAX_SIBLINGS:
+            break
+        if folder == run.path or not (folder / SUMMARY_FILE).is_file() or not (folder / CONFIG_FILE).is_file():
+            continue
+        try:
+            config = json.loads((folder / CONFIG_FILE).read_text()).get("config")
+        except (OSError, ValueError):
+            continue
+        if not isinstance(config, dict) or config.get("strategy") != strategy:
+            continue
+        if reference_key(config, strategy) == wanted:
+            return folder
+    return None

@@ -11,14 +11,16 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from fedrapp_app.bench.rows import write_text_atomic
-from fedrapp_app.bench.stats import Stat, mean_std
+from fedrapp_app.bench.stats import ACCURACY, Stat, mean_std, t975
+from fedrapp_app.config.privacy import privacy_words
 from fedrapp_app.recording.results import outcome_summary
 from fedrapp_app.report.runs import load_run
 from fedrapp_app.report.tables import client_stats, totals
 
 
 def _cell(stat: Stat) -> str:
-    return f"{stat.format()} {stat.format_ci95()}" if stat.n > 1 else stat.format()
+    """``mean ± std [low, high]`` of an accuracy over seeds: the 95% interval cut to 0-100, unsigned."""
+    return f"{stat.format()} {stat.format_ci95(signed=False, bounds=ACCURACY)}" if stat.n > 1 else stat.format()
 
 
 def write_seeds_report(run_dirs: Sequence[Path], out: Path) -> Path:
@@ -48,10 +50,20 @@ def write_seeds_report(run_dirs: Sequence[Path], out: Path) -> Path:
     header = "| seed | complete | " + " | ".join(f"{k.replace('_', ' ')} (%)" for k in keys) + " |"
     mean_row = "| mean ± std [95% interval] | | " + " | ".join(_cell(stats[k]) for k in keys) + " |"
     first = runs[0]
+    seeds = ", ".join(str(entry["seed"]) for entry in numbers)
+    privacy = privacy_words(first.config)
+    few = (
+        f" With {len(runs)} seeds the interval is wide (t = {t975(len(runs) - 1):.1f}): more seeds narrow it."
+        if 1 < len(runs) < 4
+        else ""
+    )
     page = (
-        f"# {first.title} over {len(runs)} seeds\n\n"
-        "Each seed's run has its own report (`<run>/report/report.md`). Online accuracy counts each sample once, "
-        "after the client adapted on its batch; the interval is Student's t over the seeds.\n\n"
+        f"# {first.setting}: {len(runs)} seeds ({seeds})\n\n"
+        + (f"Every run under client-level differential privacy: {privacy} (docs/privacy.md).\n\n" if privacy else "")
+        + "Each seed's run has its own report (`<run>/report/report.md`). Online accuracy counts each sample once, "
+        "after the client adapted on its batch; the interval is Student's t over the seeds, cut to 0-100."
+        + few
+        + "\n\n"
         + header
         + "\n|"
         + "---|" * (len(keys) + 2)
@@ -66,6 +78,8 @@ def write_seeds_report(run_dirs: Sequence[Path], out: Path) -> Path:
     out.mkdir(parents=True, exist_ok=True)
     path = out / "report.md"
     write_text_atomic(path, page)
-    summary = {k: {"mean": s.mean, "std": s.std, "seeds": s.n, "ci95": list(s.ci95())} for k, s in stats.items()}
+    summary = {
+        k: {"mean": s.mean, "std": s.std, "seeds": s.n, "ci95": list(s.ci95(ACCURACY))} for k, s in stats.items()
+    }
     (out / "seeds.json").write_text(json.dumps({"seeds": numbers, "over_seeds": summary}, indent=1))
     return path

@@ -44,16 +44,21 @@ import urllib.request
 import uuid
 from collections.abc import Collection, Iterable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fedrapp_app.config import KEY_BY_NAME, ConfigError, RunConfig, override_hint
 from fedrapp_app.config.deployment import EXPECTED_NODES_ENV
+from fedrapp_app.config.privacy import privacy_words
 from fedrapp_app.federation.errors import strip_ansi
 from fedrapp_app.recording.phases import Clock, launch_phases, phase_line, server_marks, write_launch
 from fedrapp_app.recording.results import clear_results, held_results
 from fedrapp_app.recording.runlock import LAUNCHER_PID_ENV, RunFolderBusy, check_free, check_not_taken, check_writable
+from fedrapp_app.running.console import resilient_output
 from fedrapp_app.running.processes import LAUNCH_ID_ENV, descendants, describe_process, marked_pids, stop_marked
 from fedrapp_app.running.stage import stage_app
+
+if TYPE_CHECKING:  # the checks import data code when they run, not when the launcher starts
+    from fedrapp_app.running.preflight import Findings
 
 #: Prefix of the connection each launch adds to ``$FLWR_HOME/config.toml`` (``fedrapp-sim-<port>``: two launches
 #: sharing a Flower home never use each other's SuperLink), removed again when the launch ends.
@@ -420,6 +425,10 @@ def seed_list(text: str) -> list[int]:
     try:
         for part in text.split(","):
             low, _, high = part.strip().partition("-")
+            if high and int(high) < int(low):
+                raise argparse.ArgumentTypeError(
+                    f"{text!r}: {part.strip()} is a reversed range (fix: {high.strip()}-{low.strip()}, low to high)"
+                )
             seeds += list(range(int(low), int(high) + 1)) if high else [int(low)]
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r}: expected seeds like 0,1,2 or a range 0-4") from None
@@ -499,6 +508,13 @@ def _parser() -> argparse.ArgumentParser:
         "and the printed command resumes it (finished seeds are skipped)",
     )
     parser.add_argument(
+        "--compare",
+        action="store_true",
+        help="which rule on this setting (-c): none-fed, FedAvg, FedRAPP and its trust option (and -c's own strategy "
+        "when it is another), over --seeds (default 0,1,2), each run in this process; writes one page and one figure "
+        "with each rule's gain over none-fed, paired by seed, and its 95%% interval; the same command resumes it",
+    )
+    parser.add_argument(
         "--overwrite",
         action="store_true",
         help="replace the results a run folder holds (a finished run, or a stopped one waiting for its resume) with "
@@ -549,10 +565,11 @@ def check_ray_address(address: str, timeout: float = 3.0) -> None:
         ) from None
 
 
-def prepare(args: argparse.Namespace, app_dir: Path) -> tuple[dict, RunConfig, Path]:
+def prepare(args: argparse.Namespace, app_dir: Path) -> tuple[dict, RunConfig, Path, Findings | None]:
     """Validate everything knowable before a start: the config, the folder, the model and the data.
 
-    Returns (merged overrides, config with num-clients resolved, run folder). Raises ``ConfigError``,
+    Returns (merged overrides, config with num-clients resolved, run folder, what the model and data checks found:
+    None for a finished run's resume, which checks nothing more). Raises ``ConfigError``,
     ``PreflightError``, ``RunFolderBusy`` or ``FileNotFoundError`` with a message for the user.
     """
     from fedrapp_app.federation.server import finished_already, run_dir_of
@@ -588,9 +605,8 @@ def prepare(args: argparse.Namespace, app_dir: Path) -> tuple[dict, RunConfig, P
     elif not config["resume"]:
         check_not_taken(run_dir)  # a finished or stopped run is never replaced without --overwrite
     if config["resume"] and finished_already(run_dir, config) is not None:
-        return values, resolved, run_dir
-    preflight(resolved)
-    return values, resolved, run_dir
+        return values, resolved, run_dir, None
+    return values, resolved, run_dir, preflight(resolved)
 
 
 def is_app_folder(folder: Path) -> bool:
@@ -643,9 +659,37 @@ def main(argv: list[str] | None = None) -> int:
         args.app = "." if app_dir == Path.cwd().resolve() else str(app_dir)
         if args.app != ".":
             print(f"fedrapp-sim: the app folder: {app_dir} (FedRAPP's own; the working directory is none)", flush=True)
-    if args.seeds:
-        return run_seeds(args, app_dir)
-    return run_one(args, app_dir)
+    with resilient_output():  # `fedrapp-sim | tee log` and Ctrl-C: the stop, its files and 130 all the same
+        if args.compare:
+            return compare_rules(args, app_dir)
+        if args.seeds:
+            return run_seeds(args, app_dir)
+        return run_one(args, app_dir)
+
+
+def compare_rules(args: argparse.Namespace, app_dir: Path) -> int:
+    """``--compare``: the rules on this setting (``running.compare``), ``num-clients`` resolved as a run would."""
+    from fedrapp_app.bench.compare import DEFAULT_SEEDS
+    from fedrapp_app.running.compare import run_compare
+
+    cluster = [flag for flag, on in (("--ray-address", args.ray_address), ("--overwrite", args.overwrite)) if on]
+    if cluster:
+        print(
+            f"fedrapp-sim: {cluster[0]} does not go with --compare, whose runs go in this process and resume what "
+            "they find (a grid on a Ray cluster: python -m fedrapp_app.bench <bench.yaml> --ray-address HOST:PORT)",
+            file=sys.stderr,
+        )
+        return 2
+    try:
+        values = app_overrides(app_dir, args.run_config)
+        config = RunConfig.from_run_config(values)
+        if args.supernodes and config.num_clients and config.num_clients != args.supernodes:
+            raise ConfigError(f"num-clients = {config.num_clients} but --supernodes {args.supernodes}: drop one")
+    except ConfigError as err:
+        print(f"fedrapp-sim: {err}", file=sys.stderr)
+        return 2
+    clients = config.num_clients or args.supernodes or DEFAULT_SUPERNODES
+    return run_compare({**values, "num-clients": clients}, args.seeds or DEFAULT_SEEDS, check=args.check)
 
 
 def run_seeds(args: argparse.Namespace, app_dir: Path) -> int:
@@ -691,6 +735,9 @@ def run_seeds(args: argparse.Namespace, app_dir: Path) -> int:
         if code != 0:
             print(f"fedrapp-sim: seed {seed} ended with status {code}: the seeds stop here", file=sys.stderr)
             return code
+    if args.check:  # nothing ran: no report to write
+        print(f"fedrapp-sim: the {len(run_dirs)} seeds' report would go to {out_dir / f'{name}-seeds'}")
+        return 0
     from fedrapp_app.report.seeds import write_seeds_report
 
     page = write_seeds_report(run_dirs, out_dir / f"{name}-seeds")
@@ -706,7 +753,7 @@ def run_one(args: argparse.Namespace, app_dir: Path, clock: Clock | None = None)
 
     clock = clock or Clock()
     try:
-        values, config, run_dir = prepare(args, app_dir)
+        values, config, run_dir, findings = prepare(args, app_dir)
     except (ConfigError, PreflightError, RunFolderBusy, FileNotFoundError, OSError) as err:
         print(f"fedrapp-sim: {err}", file=sys.stderr)
         return 2
@@ -714,6 +761,11 @@ def run_one(args: argparse.Namespace, app_dir: Path, clock: Clock | None = None)
         print("\nfedrapp-sim: interrupted before the start; nothing ran", file=sys.stderr)
         return 130
     replaced = held_results(run_dir) if args.overwrite and not config["resume"] else None
+    if findings is not None:
+        for line in findings.lines() if args.check else ():
+            print(f"fedrapp-sim: {line}")
+        for warning in findings.warnings():  # a run would start: say what looks wrong before it does
+            print(f"fedrapp-sim: warning: {warning}", file=sys.stderr, flush=True)
     if args.check:
         print(
             f"fedrapp-sim: the config, the run folder, the model and the data are fine for {config.num_clients} "
@@ -928,10 +980,13 @@ def report(
     expected = sum(summary.get("per_client_samples", {}).values()) + sum(
         (u.get("samples") or 0) for u in summary.get("unscored", {}).values()
     )
+    privacy = privacy_words(summary.get("config") or {})
     print(
         f"fedrapp-sim: {summary['rounds']} rounds, {summary['samples']} of {expected} samples scored "
         f"({summary.get('stopped')}); online accuracy micro {100 * summary['micro_accuracy']:.2f}% "
-        f"macro {100 * summary['macro_accuracy']:.2f}%; results in {run_dir}"
+        f"macro {100 * summary['macro_accuracy']:.2f}%"
+        + (f" under {privacy} per client (the report's Privacy section: ε spent)" if privacy else "")
+        + f"; results in {run_dir}"
     )
     if summary.get("skipped"):
         print(

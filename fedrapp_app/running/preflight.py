@@ -19,6 +19,7 @@ import json
 import os
 import socket
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlparse
 
@@ -60,13 +61,32 @@ def _looks_local(model: str) -> bool:
     return Path(model).expanduser().exists() or model.startswith((".", "/", "~")) or model.count("/") > 1
 
 
-def check_model(model: str) -> None:
-    """The model named by the run config can be loaded on this host (without loading it)."""
+def describe_clip(config: dict, where: str) -> str:
+    """A CLIP checkpoint's ``config.json`` in a few words: ``"CLIP (image ViT 224 px / patch 16, 12 layers x 768;
+    text 12 layers x 512; embeddings 512) from <where>"``; absent keys take ``transformers``' CLIP defaults."""
+    vision, text = config.get("vision_config") or {}, config.get("text_config") or {}
+    return (
+        f"CLIP (image ViT {vision.get('image_size', 224)} px / patch {vision.get('patch_size', 32)}, "
+        f"{vision.get('num_hidden_layers', 12)} layers x {vision.get('hidden_size', 768)}; text "
+        f"{text.get('num_hidden_layers', 12)} layers x {text.get('hidden_size', 512)}; embeddings "
+        f"{config.get('projection_dim', 512)}) from {where}"
+    )
+
+
+def check_model(model: str) -> str:
+    """The model named by the run config can be loaded on this host (without loading it); what it is, in words
+    (:func:`describe_clip`)."""
     fix = override_hint("model", "testbed").replace("testbed", "<folder or Hub id>")
     if model == "testbed":
         folder = _TESTBED_MODEL
     elif _looks_local(model):
         folder = Path(model).expanduser()
+        if folder.is_file():
+            raise PreflightError(
+                f"model = {model!r} is a file, not a folder: a checkpoint is the folder that holds config.json, the "
+                f"weights and the tokenizer and preprocessor files (fix: "
+                f"{override_hint('model', str(folder.parent))} if this file is one of them)"
+            )
         if not folder.is_dir():
             raise PreflightError(
                 f"model = {model!r}: no such folder. Point it at a local CLIP checkpoint folder (config.json, "
@@ -74,17 +94,17 @@ def check_model(model: str) -> None:
                 f"or 'testbed' ({fix})"
             )
     else:
-        _check_hub_model(model, fix)
-        return
+        return _check_hub_model(model, fix)
     config = folder / "config.json"
     if not config.is_file():
         raise PreflightError(
             f"model = {model!r}: {folder} has no config.json, so it is not a Hugging Face checkpoint folder ({fix})"
         )
     try:
-        model_type = json.loads(config.read_text()).get("model_type")
+        found = json.loads(config.read_text())
     except (OSError, json.JSONDecodeError) as err:
         raise PreflightError(f"model = {model!r}: cannot read {config}: {err}") from err
+    model_type = found.get("model_type")
     if model_type != "clip":
         raise PreflightError(
             f"model = {model!r}: {config} describes a {model_type!r} model, not a CLIP checkpoint (model_type "
@@ -99,14 +119,19 @@ def check_model(model: str) -> None:
             else f"copy the checkpoint's weights into the folder, or point the run at another one ({fix})"
         )
         raise PreflightError(f"model = {model!r}: {folder} holds no weights ({', '.join(WEIGHT_FILES)}); {where}")
+    where = "the shipped offline testbed model" if folder == _TESTBED_MODEL else f"the folder {folder}"
+    return describe_clip(found, where)
 
 
-def _check_hub_model(repo: str, fix: str) -> None:
+def _check_hub_model(repo: str, fix: str) -> str:
     from huggingface_hub import try_to_load_from_cache
 
     cached = try_to_load_from_cache(repo, "config.json")
     if isinstance(cached, str):
-        return
+        try:
+            return describe_clip(json.loads(Path(cached).read_text()), f"the Hub ({repo}, in the local cache)")
+        except (OSError, json.JSONDecodeError):
+            return f"{repo} (in the local Hugging Face cache)"
     if not hub_reachable():
         raise PreflightError(
             f"model = {repo!r} is not in the local Hugging Face cache and the Hub is unreachable from this "
@@ -114,6 +139,7 @@ def _check_hub_model(repo: str, fix: str) -> None:
             f"(`hf download {repo} --local-dir /path/clip`), copy the folder here and point the run at it "
             f"({fix}), or run model='testbed'"
         )
+    return f"{repo} from the Hub (downloaded when the clients start: not in the local cache yet)"
 
 
 @contextlib.contextmanager
@@ -133,14 +159,77 @@ def _offline_unless_reachable() -> Iterator[None]:
             os.environ["HF_HUB_OFFLINE"] = before
 
 
-def check_data(config: RunConfig) -> None:
-    """The dataset exists in the chosen format, its pool fits the partitions and every class decodes."""
+#: Folder names that split a dataset (train/test/...): as class names they mean data-dir is one level too high.
+SPLIT_NAMES = frozenset({"train", "training", "test", "testing", "val", "valid", "validation", "eval", "dev"})
+#: How many class names ``--check`` shows.
+SHOWN_CLASSES = 5
+
+
+@dataclass(frozen=True)
+class DataFindings:
+    """What the data check found: where the data is, its class names, each client's samples and, with fixed shift
+    domains, the samples of each domain (empty otherwise; ``domains`` says why in words)."""
+
+    description: str
+    classes: list[str]
+    per_client: list[int]
+    per_domain: dict[str, int]
+    domains: str
+    data_dir: str = ""  # the run's data-dir, where it has one
+
+    def warnings(self) -> list[str]:
+        """What looks wrong though a run would start: a dataset of one class, class names that are split folders."""
+        found = []
+        if len(self.classes) == 1:
+            found.append(
+                f"the dataset has one class ({self.classes[0]!r}): every prediction is right, so its accuracy says "
+                "nothing (an image folder holds one sub-folder per class: point data-dir at the folder above them)"
+            )
+        splits = [name for name in self.classes if name.strip().lower() in SPLIT_NAMES]
+        if splits:
+            split = f"{self.data_dir or '<data-dir>'}/{splits[0]}"
+            found.append(
+                f"class name(s) {', '.join(map(repr, splits))} look like split folders, not classes: point data-dir "
+                f"at one split (e.g. {override_hint('data-dir', split)}), whose sub-folders are the classes"
+            )
+        return found
+
+    def lines(self) -> list[str]:
+        """The findings in a few lines, for ``--check``."""
+        first = ", ".join(self.classes[:SHOWN_CLASSES]) + (", ..." if len(self.classes) > SHOWN_CLASSES else "")
+        sizes = self.per_client
+        per_domain = ", ".join(f"{d} {n}" for d, n in self.per_domain.items())
+        return [
+            f"data: {self.description}; {len(self.classes)} classes ({first})",
+            f"samples per client: {', '.join(map(str, sizes))} ({sum(sizes)} in all, {min(sizes)} to {max(sizes)})",
+            f"samples per shift domain: {per_domain}" if per_domain else f"shift domains: {self.domains}",
+        ]
+
+
+def _domain_samples(spec, sizes: list[int]) -> tuple[dict[str, int], str]:
+    """Samples per fixed shift domain (each client's stream in its domain), or why there is no such count."""
+    from fedrapp_app.data import client_domains
+    from fedrapp_app.data.streams import shift_plan
+
+    domains = client_domains(spec)
+    if all(d is None for d in domains):
+        moving = shift_plan(spec) is not None
+        return {}, f"they move along each stream (shift = {spec.shift!r})" if moving else "none (no corruption)"
+    counts: dict[str, int] = {}
+    for domain, size in zip(domains, sizes, strict=True):
+        counts[str(domain)] = counts.get(str(domain), 0) + size
+    return counts, ""
+
+
+def check_data(config: RunConfig) -> DataFindings:
+    """The dataset exists in the chosen format, its pool fits the partitions and every class decodes; what it
+    found (no label is read beyond the partition's own use of them)."""
     from fedrapp_app.data import DataUnavailableError, cached_source, client_partitions
 
     spec = config.data_spec()
     try:
         with _offline_unless_reachable():
-            client_partitions(spec)  # opens the source (format, layout, labels) and draws the partitions
+            parts = client_partitions(spec)  # opens the source (format, layout, labels) and draws the partitions
             source = cached_source(spec)
     except (DataUnavailableError, ValueError, OSError) as err:
         raise PreflightError(f"dataset {config['dataset']!r}: {err}") from err
@@ -152,6 +241,11 @@ def check_data(config: RunConfig) -> None:
                 f"dataset {config['dataset']!r} ({source.description}): no image of class(es) {shown} can be "
                 "decoded (corrupt or not images). Replace those files, or remove the class folder(s)"
             )
+    cap = spec.max_samples_per_client
+    sizes = [min(len(part), cap) if cap else len(part) for part in parts]
+    per_domain, domains = _domain_samples(spec, sizes)
+    data_dir = str(config["data-dir"]).rstrip("/")
+    return DataFindings(source.description, list(source.classnames), sizes, per_domain, domains, data_dir)
 
 
 def classes_without_decodable_image(source) -> list[str]:
@@ -172,13 +266,29 @@ def classes_without_decodable_image(source) -> list[str]:
     return empty
 
 
-def preflight(config: RunConfig) -> None:
-    """Every check above on a config whose ``num-clients`` is resolved; ``PreflightError`` on the first problem."""
+@dataclass(frozen=True)
+class Findings:
+    """What the checks before a start found: the model in words and the data."""
+
+    model: str
+    data: DataFindings
+
+    def lines(self) -> list[str]:
+        return [f"model: {self.model}", *self.data.lines()]
+
+    def warnings(self) -> list[str]:
+        return self.data.warnings()
+
+
+def preflight(config: RunConfig) -> Findings:
+    """Every check above on a config whose ``num-clients`` is resolved; ``PreflightError`` on the first problem;
+    what they found."""
     if not config.num_clients:
         raise ConfigError("preflight needs num-clients resolved: RunConfig.with_num_clients(n)")
-    check_model(str(config["model"]))
-    check_data(config)
+    model = check_model(str(config["model"]))
+    data = check_data(config)
     check_privacy_budget(config)
+    return Findings(model, data)
 
 
 def check_privacy_budget(config: RunConfig) -> None:
