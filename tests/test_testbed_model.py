@@ -70,17 +70,42 @@ def test_training_pixels_equal_the_processor_output(shipped) -> None:
     torch.testing.assert_close(pretrain.to_pixel_values(images, processor), expected, atol=1e-5, rtol=0)
 
 
-def test_multi_positive_loss_rewards_alignment_and_pools_positives() -> None:
+def test_caption_loss_rewards_alignment_pools_positives_and_counts_negatives() -> None:
     g = torch.Generator().manual_seed(0)
     feats = F.normalize(torch.randn(6, 8, generator=g), dim=-1)
     keys = torch.tensor([0, 0, 1, 2, 3, 4])
     scale = torch.tensor(3.0)
-    aligned = pretrain.multi_positive_loss(feats, feats, keys, scale)
-    shuffled = pretrain.multi_positive_loss(feats, feats[torch.tensor([3, 4, 5, 0, 1, 2])], keys, scale)
+    aligned = pretrain.caption_loss(feats, feats, keys, scale)
+    shuffled = pretrain.caption_loss(feats, feats[torch.tensor([3, 4, 5, 0, 1, 2])], keys, scale)
     assert aligned < shuffled
-    # Rows 0 and 1 share a key: swapping their texts changes nothing.
-    swapped = pretrain.multi_positive_loss(feats, feats[torch.tensor([1, 0, 2, 3, 4, 5])], keys, scale)
+    # Rows 0 and 1 share a caption: swapping their texts changes nothing.
+    swapped = pretrain.caption_loss(feats, feats[torch.tensor([1, 0, 2, 3, 4, 5])], keys, scale)
     torch.testing.assert_close(aligned, swapped)
+    # A negative close to an image's own caption costs more than a far one.
+    near = F.normalize(feats[:1] + 0.05 * torch.randn(1, 8, generator=g), dim=-1)
+    hard, easy = (pretrain.caption_loss(feats, feats, keys, scale, n) for n in (near, -near))
+    assert hard > easy
+
+
+def test_warm_start_keeps_shared_words_across_a_new_vocabulary(tmp_path: Path) -> None:
+    old = pretrain.PRESETS["tiny"]
+    from fedrapp_app.testbed.tokenizer import save_word_tokenizer
+
+    tokenizer = save_word_tokenizer(["a", "photo", "of", "red", "circle"], old.max_length, tmp_path / "old")
+    source = CLIPModel(pretrain.clip_config(old, tokenizer))
+    source.save_pretrained(str(tmp_path / "old"))
+    longer = pretrain.Architecture(**{**pretrain.asdict(old), "max_length": old.max_length + 8})
+    wider = save_word_tokenizer(["a", "photo", "of", "red", "circle", "blurry", "tiny"], longer.max_length, tmp_path)
+    model = CLIPModel(pretrain.clip_config(longer, wider))
+    new_words = pretrain.warm_start(model, wider, tmp_path / "old")
+    assert sorted(new_words) == ["blurry", "tiny"]
+    embed = lambda m, tok, w: m.text_model.embeddings.token_embedding.weight[tok.convert_tokens_to_ids(w)]  # noqa: E731
+    for word in ("photo", "circle", tokenizer.eos_token):
+        torch.testing.assert_close(embed(model, wider, word), embed(source, tokenizer, word))
+    torch.testing.assert_close(model.visual_projection.weight, source.visual_projection.weight)
+    small = pretrain.PRESETS["small"]
+    with pytest.raises(ValueError, match="towers differ"):
+        pretrain.warm_start(CLIPModel(pretrain.clip_config(small, wider)), wider, tmp_path / "old")
 
 
 def test_pretraining_a_tiny_model_lowers_its_loss_and_saves_a_loadable_folder(tmp_path: Path) -> None:

@@ -1,8 +1,11 @@
 """Pretrain the testbed's small CLIP contrastively on the world's renders and save a standard HF folder.
 
-    # the shipped model, two stages (about 13 + 6 minutes on two idle cores; README.md):
+    # the shipped model: these two stages at commit b61f899, whose captions and loss it was trained with (README.md)
     python -m fedrapp_app.testbed.pretrain --output runs/stage1
     python -m fedrapp_app.testbed.pretrain --init-from runs/stage1 --steps 800 --lr 7e-4 --seed 1
+    # a candidate on today's scene captions, warm-started from it (docs/results/testbed.md)
+    python -m fedrapp_app.testbed.pretrain --output runs/captions-hn1 --init-from fedrapp_app/testbed/model \
+        --steps 150 --batch-size 64 --lr 3e-4 --seed 2 --pool-size 3000 --threads 1 --precision fp32
     python -m fedrapp_app.testbed.pretrain --preset tiny --steps 20 --output /tmp/tiny   # smoke test
 
 The folder (config.json, model.safetensors, tokenizer.json, tokenizer_config.json,
@@ -10,13 +13,15 @@ preprocessor_config.json) loads with ``CLIPModel/AutoTokenizer/AutoImageProcesso
 exactly like a Hub checkpoint.
 
 Data: a pool of clean renders with seeds >= ``PRETRAIN_SEED_OFFSET`` (streams and tests use smaller
-seeds, so no test image is a training image). A share of each batch is lightly corrupted (strength
-levels below severity 1) and most of those renders are captioned with the corruption's domain word
-("a blurry photo of a red circle."), the way web captions sometimes name a photo's defects. The
-contrastive positives of a sample are the samples with the same class *and* the same caption domain,
-so the text tower learns what the domain words mean and the image tower keeps the domain visible;
-the hand prompt "a photo of a {}." then misses the domain of a shifted stream, and test-time prompt
-tuning has a direction to move in (see README.md).
+seeds, so no test image is a training image). A share of each batch is corrupted (levels up to
+``max_level`` severity units) and most of those renders' captions name the defect and its strength.
+Captions (captions.py) say the render's scene in words, with synonyms and varied order ("a slightly
+blurry photo of a small red circle on a dark striped background, lit from the left."), so many
+context words carry meaning. The contrastive positives of a render are the renders captioned with
+the same text; ``hard_negatives`` false captions per caption (one stated fact changed, every other
+word the same) are extra columns of the image-to-text softmax, which teaches the text tower what the
+words around the class name mean. ``--init-from`` starts from an earlier checkpoint of the same
+towers, copying embeddings word by word when the vocabulary or caption length changed.
 """
 
 from __future__ import annotations
@@ -36,9 +41,10 @@ import torch.nn.functional as F
 from transformers import CLIPConfig, CLIPModel, PreTrainedTokenizerFast
 from transformers.models.clip.image_processing_pil_clip import CLIPImageProcessorPil
 
-from fedrapp_app.testbed.corruptions import CORRUPTIONS, DOMAIN_WORDS, corrupt_level
+from fedrapp_app.testbed.captions import DOMAIN_ADJECTIVES, VOCABULARY, caption, facts_of, hard_negative
+from fedrapp_app.testbed.corruptions import corrupt_level
 from fedrapp_app.testbed.tokenizer import save_word_tokenizer, words_of
-from fedrapp_app.testbed.world import CLASSNAMES, HAND_TEMPLATE, IMAGE_SIZE, VOCABULARY_TEXTS, caption, render
+from fedrapp_app.testbed.world import CLASSNAMES, HAND_TEMPLATE, IMAGE_SIZE, render
 
 #: Pretraining renders use seeds from here up; keep stream and test seeds below it.
 PRETRAIN_SEED_OFFSET = 2**40
@@ -46,9 +52,9 @@ PRETRAIN_SEED_OFFSET = 2**40
 _VALIDATION_SEED_OFFSET = PRETRAIN_SEED_OFFSET - 2**20
 #: The shipped checkpoint folder, inside the package.
 SHIPPED_MODEL = Path(__file__).resolve().parent / "model"
-#: Corruption families seen (lightly, with domain captions) in pretraining. hue_shift stays unseen: a
+#: Corruption families seen in pretraining, the ones captions have words for. hue_shift stays unseen: a
 #: strong colour rotation changes which colour word is right, so no caption could describe it honestly.
-PRETRAIN_CORRUPTIONS: tuple[str, ...] = tuple(c for c in CORRUPTIONS if c != "hue_shift")
+PRETRAIN_CORRUPTIONS: tuple[str, ...] = tuple(DOMAIN_ADJECTIVES)
 
 
 @dataclass(frozen=True)
@@ -66,8 +72,8 @@ class Architecture:
 
 
 PRESETS: dict[str, Architecture] = {
-    "small": Architecture(128, 4, 4, 128, 3, 4, 64, 24),
-    "tiny": Architecture(32, 1, 8, 32, 1, 2, 16, 24),
+    "small": Architecture(128, 4, 4, 128, 3, 4, 64, 48),
+    "tiny": Architecture(32, 1, 8, 32, 1, 2, 16, 48),
 }
 
 
@@ -116,26 +122,37 @@ def to_pixel_values(images: np.ndarray, processor: CLIPImageProcessorPil) -> tor
     return (x - mean) / std
 
 
-def multi_positive_loss(
-    image_features: torch.Tensor, text_features: torch.Tensor, keys: torch.Tensor, logit_scale: torch.Tensor
+def caption_loss(
+    image_features: torch.Tensor,
+    text_features: torch.Tensor,
+    keys: torch.Tensor,
+    logit_scale: torch.Tensor,
+    negative_features: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Symmetric InfoNCE where every pair with equal ``keys`` is a positive.
+    """Symmetric InfoNCE whose positives are the pairs with the same caption, plus hard negative captions.
 
-    image_features, text_features: [B, E] L2-normalised; keys: [B] long (class x caption domain).
+    image_features, text_features: [B, E] L2-normalised, row b of each from sample b; keys: [B] long, equal for
+    equal caption texts (so two renders captioned alike are each other's positives); negative_features: [M, E]
+    L2-normalised captions that describe no render of the batch, extra columns of the image-to-text softmax only.
     Loss per row: -log of the softmax mass on its positives.
     """
-    logits = logit_scale.exp() * image_features @ text_features.T
     positive = keys[:, None] == keys[None, :]
-    loss_i = -(torch.logsumexp(logits.masked_fill(~positive, -torch.inf), 1) - torch.logsumexp(logits, 1))
-    loss_t = -(torch.logsumexp(logits.T.masked_fill(~positive, -torch.inf), 1) - torch.logsumexp(logits.T, 1))
+    texts = text_features if negative_features is None else torch.cat([text_features, negative_features])
+    logits = logit_scale.exp() * image_features @ texts.T  # [B, B + M]
+    extra = logits.new_zeros(positive.shape[0], texts.shape[0] - positive.shape[1], dtype=torch.bool)
+    image_positive = torch.cat([positive, extra], 1)
+    loss_i = -(torch.logsumexp(logits.masked_fill(~image_positive, -torch.inf), 1) - torch.logsumexp(logits, 1))
+    square = logits[:, : positive.shape[1]].T  # [B texts, B images]
+    loss_t = -(torch.logsumexp(square.masked_fill(~positive, -torch.inf), 1) - torch.logsumexp(square, 1))
     return 0.5 * (loss_i.mean() + loss_t.mean())
 
 
 @dataclass(frozen=True)
 class Batch:
     pixel_values: torch.Tensor  # [B, 3, S, S]
-    captions: list[str]
-    keys: torch.Tensor  # [B] long
+    captions: list[str]  # [B], caption b describes render b
+    keys: torch.Tensor  # [B] long, equal for equal captions
+    negatives: list[str]  # hard negatives: captions of the batch with one fact made false
 
 
 def make_batch(
@@ -148,29 +165,79 @@ def make_batch(
     domain_share: float,
     domain_caption_share: float,
     max_level: float,
+    hard_negatives: int,
     processor: CLIPImageProcessorPil,
 ) -> Batch:
-    """Sample a training batch from the clean pool; corrupt a share of it and caption everything."""
+    """Sample a training batch from the clean pool; corrupt a share of it, caption everything, add negatives."""
     index = rng.integers(0, pool_labels.size, batch_size)
     images = pool_images[index].copy()
     labels, seeds = pool_labels[index], pool_seeds[index]
-    domains = np.zeros(batch_size, dtype=np.int64)  # 0 = caption without a domain word
-    captions = []
+    captions, negatives = [], []
     for b in range(batch_size):
-        word = None
+        domain, level = None, 1.0
         if rng.random() < domain_share:
             family = PRETRAIN_CORRUPTIONS[int(rng.integers(len(PRETRAIN_CORRUPTIONS)))]
             level = float(rng.uniform(0.25, max_level))
             noise_seed = int(rng.integers(0, 2**62))
             images[b] = corrupt_level(images[b : b + 1], family, level, np.array([noise_seed]))[0]
-            if rng.random() < domain_caption_share:
-                word = DOMAIN_WORDS[family]
-                domains[b] = 1 + CORRUPTIONS.index(family)
-        captions.append(caption(int(labels[b]), int(seeds[b]), rng, domain=word))
-    if rng.random() < 0.5:  # light augmentation: the world has no handedness
-        images = images[:, :, ::-1]
-    keys = torch.from_numpy(labels * (1 + len(CORRUPTIONS)) + domains)
-    return Batch(to_pixel_values(np.ascontiguousarray(images), processor), captions, keys)
+            if rng.random() < domain_caption_share:  # else a caption that does not name the defect
+                domain = family
+        facts = facts_of(int(labels[b]), int(seeds[b]), domain, level)
+        text_seed = int(rng.integers(0, 2**62))
+        captions.append(caption(facts, text_seed))
+        negatives += [n for k in range(hard_negatives) if (n := hard_negative(facts, text_seed, k)) is not None]
+    ids: dict[str, int] = {}
+    keys = torch.tensor([ids.setdefault(text, len(ids)) for text in captions])
+    negatives = [text for text in dict.fromkeys(negatives) if text not in ids]  # a true caption is no negative
+    return Batch(to_pixel_values(np.ascontiguousarray(images), processor), captions, keys, negatives)
+
+
+def text_tower(model: CLIPModel, tokenizer: PreTrainedTokenizerFast, texts: Sequence[str], groups: int = 4):
+    """Text features [T, E] of ``texts``, in ``groups`` passes of similar lengths (less padding than one pass).
+
+    Each text's feature is the same whatever its neighbours' lengths: the tower is causal and pools at EOS.
+    """
+    lengths = [len(ids) for ids in tokenizer(list(texts))["input_ids"]]
+    order = sorted(range(len(texts)), key=lengths.__getitem__)
+    features = []
+    for chunk in np.array_split(np.array(order), min(groups, len(order))):
+        tokens = tokenizer([texts[i] for i in chunk], padding=True, return_tensors="pt")
+        features.append(model.get_text_features(**tokens).pooler_output)
+    return torch.cat(features)[torch.from_numpy(np.argsort(order))]
+
+
+@torch.no_grad()
+def warm_start(model: CLIPModel, tokenizer: PreTrainedTokenizerFast, folder: Path) -> list[str]:
+    """Load checkpoint ``folder`` into ``model`` (same towers) across a change of vocabulary or caption length.
+
+    Every weight of equal shape is copied; a token's embedding row is copied by word, so a word both vocabularies
+    share keeps what it learned and a new word keeps ``model``'s fresh initialisation; the first positions'
+    embeddings are copied when the new captions are longer. Returns the new words. Raises if the towers differ.
+    """
+    old = CLIPModel.from_pretrained(str(folder), local_files_only=True)
+    old_vocab = json.loads((folder / "tokenizer.json").read_text())["model"]["vocab"]
+    state, target = old.state_dict(), model.state_dict()
+    token_key = "text_model.embeddings.token_embedding.weight"
+    position_key = "text_model.embeddings.position_embedding.weight"
+    mismatched = [k for k in target if k not in state or (state[k].shape != target[k].shape and k != token_key)]
+    mismatched = [k for k in mismatched if k != position_key and "position_ids" not in k]
+    if mismatched:
+        raise ValueError(
+            f"--init-from {folder}: its towers differ from the preset's ({mismatched[0]}); pick its preset"
+        )
+    for key, value in state.items():
+        if key in target and value.shape == target[key].shape:
+            target[key].copy_(value)
+    positions = min(state[position_key].shape[0], target[position_key].shape[0])
+    target[position_key][:positions] = state[position_key][:positions]
+    new_words = []
+    for word, index in tokenizer.get_vocab().items():
+        if word in old_vocab:
+            target[token_key][index] = state[token_key][old_vocab[word]]
+        else:
+            new_words.append(word)
+    model.load_state_dict(target)
+    return new_words
 
 
 @torch.no_grad()
@@ -222,6 +289,7 @@ def pretrain(
     domain_share: float = 0.4,
     domain_caption_share: float = 0.8,
     max_level: float = 1.0,
+    hard_negatives: int = 1,
     eval_every: int = 100,
     eval_size: int = 600,
     threads: int = 2,
@@ -243,23 +311,20 @@ def pretrain(
         )
     if not 0.0 <= domain_share <= 1.0 or not 0.0 <= domain_caption_share <= 1.0:
         raise ValueError("domain_share and domain_caption_share are probabilities in [0, 1]")
+    if hard_negatives < 0 or not 0.25 <= max_level <= 3.0:
+        raise ValueError(f"need hard_negatives >= 0 and max_level in [0.25, 3]; got {hard_negatives}, {max_level}")
     with _torch_threads(threads):
         torch.manual_seed(seed)
         rng = np.random.default_rng(seed)
         arch = PRESETS[preset]
         output = Path(output)
         output.mkdir(parents=True, exist_ok=True)
-        words = words_of(t.replace("{}", "") for t in VOCABULARY_TEXTS)
+        words = words_of(t.replace("{}", "") for t in VOCABULARY)
         tokenizer = save_word_tokenizer(words, arch.max_length, output)
         processor = image_processor()
-        if init_from is None:
-            model = CLIPModel(clip_config(arch, tokenizer))
-        else:  # continue a previous run (a second stage); the vocabulary must be the same
-            model = CLIPModel.from_pretrained(str(init_from), local_files_only=True)
-            if model.config.text_config.vocab_size != len(tokenizer):
-                raise ValueError(
-                    f"--init-from {init_from}: its vocabulary differs from the world's; retrain from scratch"
-                )
+        model = CLIPModel(clip_config(arch, tokenizer))
+        if init_from is not None:  # continue a previous run (a second stage, or older captions' checkpoint)
+            warm_start(model, tokenizer, Path(init_from))
         model.train()
 
         started = time.perf_counter()
@@ -294,15 +359,18 @@ def pretrain(
                 domain_share=domain_share,
                 domain_caption_share=domain_caption_share,
                 max_level=max_level,
+                hard_negatives=hard_negatives,
                 processor=processor,
             )
-            text = tokenizer(batch.captions, padding=True, return_tensors="pt")
             with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
                 image_out = model.get_image_features(pixel_values=batch.pixel_values).pooler_output
-                text_out = model.get_text_features(**text).pooler_output
+                text_out = text_tower(model, tokenizer, [*batch.captions, *batch.negatives])
             image_features = F.normalize(image_out.float(), dim=-1)
             text_features = F.normalize(text_out.float(), dim=-1)
-            loss = multi_positive_loss(image_features, text_features, batch.keys, model.logit_scale)
+            count = len(batch.captions)
+            loss = caption_loss(
+                image_features, text_features[:count], batch.keys, model.logit_scale, text_features[count:]
+            )
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -348,6 +416,7 @@ def pretrain(
                 domain_share=domain_share,
                 domain_caption_share=domain_caption_share,
                 max_level=max_level,
+                hard_negatives=hard_negatives,
                 bf16=bf16,
                 init_from=None if init_from is None else str(init_from),
             ),
@@ -376,6 +445,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         help="share of corrupted renders with a domain word",
     )
     parser.add_argument("--max-level", type=float, default=1.0, help="strongest corruption level (severity units)")
+    parser.add_argument("--hard-negatives", type=int, default=1, help="false captions per caption (one fact changed)")
     parser.add_argument("--eval-every", type=int, default=100)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument(
@@ -397,6 +467,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         domain_share=args.domain_share,
         domain_caption_share=args.domain_caption_share,
         max_level=args.max_level,
+        hard_negatives=args.hard_negatives,
         eval_every=args.eval_every,
         threads=args.threads,
         bf16=args.precision == "bf16",
