@@ -931,3 +931,12 @@ def test_the_trust_options_cells_are_paired_with_none_fed_in_the_gains_and_figur
     monkeypatch.setattr(report_module, "gains_figure", lambda gains, title, path: drawn.update(gains))
     assert write_gain_figures(settings, by_key(rows), tmp_path) == {"g": "gains-g.png"}
     assert [label for label, _ in drawn["iid"]] == ["fedrapp+trust"]
+
+
+def test_failed_cells_are_listed_with_their_reasons_and_give_exit_status_1(capsys):
+    from fedrapp_app.bench.grid import print_failures
+
+    assert print_failures({}, "never printed") == 0 and capsys.readouterr().err == ""
+    assert print_failures({"cell-a": "x" * 600, "cell-b": "bad config"}, "2 cell(s) failed") == 1
+    lines = capsys.readouterr().err.splitlines()
+    assert lines == ["2 cell(s) failed", "  cell-a: " + "x" * 500, "  cell-b: bad config"]

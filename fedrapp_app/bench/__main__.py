@@ -17,7 +17,7 @@ from typing import Any
 import yaml
 
 from fedrapp_app.bench.estimate import CPU, GPU_CLASSES, grid_estimate, host_gpu_class
-from fedrapp_app.bench.grid import BenchRunner, Executor, LocalExecutor, host_gpus
+from fedrapp_app.bench.grid import BenchRunner, Executor, LocalExecutor, host_gpus, print_failures
 from fedrapp_app.bench.schema import BenchError, load_bench
 
 #: The GPU classes ``--gpu-type`` offers, beside ``cpu``.
@@ -203,12 +203,9 @@ def main(argv: list[str] | None = None) -> int:
         from fedrapp_app.bench.report import write_report
 
         print(f"report: {write_report(runner.bench_dir)}")
-    if runner.failures:
-        print(f"{len(runner.failures)} cell(s) failed (rerun the same command to retry them):", file=sys.stderr)
-        for cell_id, reason in runner.failures.items():
-            print(f"  {cell_id}: {reason[:500]}", file=sys.stderr)
-        return 1
-    return 0
+    return print_failures(
+        runner.failures, f"{len(runner.failures)} cell(s) failed (rerun the same command to retry them):"
+    )
 
 
 if __name__ == "__main__":

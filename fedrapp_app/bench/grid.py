@@ -142,6 +142,16 @@ def set_threads(threads: int | None) -> None:
         torch.set_num_threads(threads)
 
 
+def print_failures(failures: Mapping[str, str], headline: str) -> int:
+    """Each failed cell and its reason on stderr under ``headline``; the exit status: 1 where any failed, else 0."""
+    if not failures:
+        return 0
+    print(headline, file=sys.stderr)
+    for cell_id, reason in failures.items():
+        print(f"  {cell_id}: {reason[:500]}", file=sys.stderr)
+    return 1
+
+
 #: The grid's own secret for seeded dp noise, in its runs folder (readable by its owner only).
 DP_SECRET_FILE = "dp-noise-secret"
 

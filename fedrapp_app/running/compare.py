@@ -32,7 +32,7 @@ def run_compare(setting: Mapping[str, Any], seeds: Sequence[int], check: bool = 
     everything before the first run, then nothing."""
     from fedrapp_app.bench.compare import FIGURE, compare_spec, console_lines, rule_results, write_compare_page
     from fedrapp_app.bench.estimate import GPU_CLASSES, cell_estimate, host_gpu_class
-    from fedrapp_app.bench.grid import BenchRunner, format_duration
+    from fedrapp_app.bench.grid import BenchRunner, format_duration, print_failures
     from fedrapp_app.bench.report import write_report
     from fedrapp_app.bench.schema import BenchError
     from fedrapp_app.bench.stats import settings_of
@@ -95,12 +95,9 @@ def run_compare(setting: Mapping[str, Any], seeds: Sequence[int], check: bool = 
         print("fedrapp-sim: online accuracy (%), mean ± std over the seeds; gain over none-fed, paired by seed [95%]:")
         print("\n".join(console_lines(rule_results(settings_of(rows), rows))))
         print(f"fedrapp-sim: the comparison in {page} (figure {page.parent / FIGURE})")
-    if runner.failures:
-        print(f"fedrapp-sim: {len(runner.failures)} run(s) failed (the same command retries them):", file=sys.stderr)
-        for cell_id, reason in runner.failures.items():
-            print(f"  {cell_id}: {reason[:500]}", file=sys.stderr)
-        return 1
-    return 0
+    return print_failures(
+        runner.failures, f"fedrapp-sim: {len(runner.failures)} run(s) failed (the same command retries them):"
+    )
 
 
 def _check_same_setting(runner: BenchRunner, spec: BenchSpec) -> None:
