@@ -70,7 +70,8 @@ def test_local_worker_processes_see_distinct_gpus(tmp_path):
 
 
 def test_a_dead_worker_loses_its_cell_which_runs_again_in_a_new_worker(tmp_path):
-    spec = parse_bench({"name": "w", "grids": {"g": {"axes": {"strategy": ["none-fed", "fedavg", "fedrapp"]}}}})
+    spec = parse_bench({"name": "w", "base": {"num-clients": 2},
+                        "grids": {"g": {"axes": {"strategy": ["none-fed", "fedavg", "fedrapp"]}}}})  # fmt: skip
     runner = BenchRunner(spec, tmp_path / "bench")
     executor = grid_module.LocalExecutor(2, runner.runs_dir, gpus=["0", "1"], task=die_once_for_fedavg)
     runner.run(progress=False, executor=executor)
