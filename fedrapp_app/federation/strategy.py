@@ -648,13 +648,14 @@ class PersonalizedPromptStrategy(Strategy):
             spent = self.privacy.record(client, float(noise), position, replayed=bool(metrics.get("dp-replayed", 0)))
         except ValueError as err:
             raise RejectedReply(str(err)) from None
-        if metrics.get("dp-seeded", 0) and client not in self.privacy.seeded:
+        if metrics.get("dp-seeded", 0):
+            if not self.privacy.seeded:  # once per run; summary.json lists every seeded client
+                log.warning(
+                    "client %d: its dp noise is seeded (FEDRAPP_DP_SEED in its environment): for experiments only; "
+                    "anyone who knows the secret can draw the noise again and remove it",
+                    client,
+                )
             self.privacy.seeded.add(client)
-            log.warning(
-                "client %d: its dp noise is seeded (FEDRAPP_DP_SEED in its environment): for experiments only; "
-                "anyone who knows the secret can draw the noise again and remove it",
-                client,
-            )
         extra = outside_private_reply(content)
         if extra:
             raise RejectedReply(
