@@ -38,7 +38,7 @@ step() {  # step NAME COMMAND...: run one step, time it, remember a failure
 
 if [ "$cpu" = 1 ]; then  # toy sizes on the CPU: the same commands, seconds each
   step_args=(--tiny --device cpu --repeats 1)
-  device=cpu gpus_all=0 gpus_four=0 pool="testbed-samples=512 batch-size=32"
+  device=cpu gpus_all=0 gpus_four=0 pool="testbed-samples=512 batch-size=32 num-rounds=2"
 else
   step_args=()
   device=cuda gpus_all=0.125 gpus_four=0.25 pool=""

@@ -26,6 +26,23 @@ TINY_CLASSNAMES = ("cat", "golden retriever", "red sports car", "big blue spotte
 LONG_CLASSNAME = " ".join(["very"] * 30) + " long name"
 
 
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--extended", action="store_true",
+        help="also run the tests marked extended (whole guides end to end on real network namespaces; minutes each)",
+    )  # fmt: skip
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Tests marked ``extended`` are skipped, with the reason, unless ``--extended`` asks for them."""
+    if config.getoption("--extended"):
+        return
+    skip = pytest.mark.skip(reason="extended test: run it with `python -m pytest --extended`")
+    for item in items:
+        if "extended" in item.keywords:
+            item.add_marker(skip)
+
+
 @pytest.fixture(scope="session")
 def tiny_clip_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Folder with a tiny random CLIPModel + word tokenizer + image processor (32 px, text width 32)."""

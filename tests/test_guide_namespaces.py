@@ -125,6 +125,7 @@ class NamespacedGuide(Guide):
 
 
 @pytest.mark.slow
+@pytest.mark.extended
 @pytest.mark.skipif(
     not (shutil.which("openssl") and shutil.which("ssh-keygen")), reason="the guide makes keys with openssl, ssh-keygen"
 )
