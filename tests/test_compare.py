@@ -14,12 +14,17 @@ from fedrapp_app.bench.compare import (
     PAGE,
     compare_spec,
     folder_name,
+    read_given,
     rule_variants,
+    setting_sentence,
     shared_base,
+    write_given,
 )
 from fedrapp_app.bench.schema import BenchError, reference_key
 from fedrapp_app.config import DEFAULTS
-from fedrapp_app.running.compare import run_compare
+from fedrapp_app.running import compare as running_compare
+from fedrapp_app.running import launch
+from fedrapp_app.running.compare import estimate_basis, run_compare
 from fedrapp_app.testbed import world
 from fedrapp_app.testbed.tiny import make_tiny_clip
 
@@ -70,6 +75,42 @@ def test_a_setting_no_rule_can_change_or_without_clients_is_refused():
         compare_spec(setting(**{"num-clients": 0}))
 
 
+def test_the_page_calls_only_the_keys_given_with_c_the_users_setting(tmp_path):
+    shared = {"num-clients": 8, "local-method": "im", "csc": True, "seed": 0}
+    words = setting_sentence(shared, {"local-method": "im", "csc": True})
+    mine, resolved = words.split(" Also used by every run, resolved by the comparison: ")
+    assert "`local-method='im'`, `csc=True`" in mine and "num-clients" not in mine
+    assert resolved == "`num-clients=8`." and "seed" not in words
+    untouched = setting_sentence({"num-clients": 8}, {})  # fedrapp-sim --compare alone
+    assert untouched.startswith("Your setting (what `-c` changed from the defaults): nothing, the defaults.")
+    assert "resolved by the comparison: `num-clients=8`" in untouched
+    assert "`num-clients=8`" in setting_sentence({"num-clients": 8}, None)  # a folder drawn before: as it was
+    # the record beside the rows: where a run writes and the seed are not the setting
+    write_given(tmp_path, {"csc": True, "output-dir": "/x", "run-name": "r", "seed": 3})
+    assert read_given(tmp_path) == {"csc": True} and read_given(tmp_path / "none") is None
+
+
+def test_compare_hands_on_what_c_changed_apart_from_the_resolved_clients(monkeypatch, capsys):
+    seen = {}
+
+    def run_compare_seen(setting, seeds, check, given):
+        seen.update(setting=setting, given=given)
+        return 0
+
+    monkeypatch.setattr(running_compare, "run_compare", run_compare_seen)
+    assert launch.main([str(Path(__file__).resolve().parents[1]), "--compare", "-c", "num-rounds=3"]) == 0
+    assert seen["setting"]["num-clients"] == launch.DEFAULT_SUPERNODES and seen["setting"]["num-rounds"] == 3
+    assert seen["given"] == {"num-rounds": 3}  # num-clients = 0 in the app: resolved, not the user's
+
+
+def test_the_time_estimate_says_it_assumes_quiet_cores_and_when_this_host_is_busy():
+    quiet = estimate_basis(None, 0.4, 2)
+    assert "estimated for 2 quiet CPU cores" in quiet and "load" not in quiet
+    assert "this host's load is 6.2 on 2 cores, so expect longer" in estimate_basis(None, 6.2, 2)
+    assert "load" not in estimate_basis(None, 6.2, 16) and "load" not in estimate_basis(None, None, 2)
+    assert estimate_basis("H100", 9.0, 2).startswith("estimated for H100 to itself")
+
+
 @pytest.mark.slow  # 8 tiny runs: about 90 s on 2 busy cores
 def test_a_tiny_comparison_runs_in_one_call_and_resumes_with_nothing_to_do(tiny_model, tmp_path, capsys):
     s = {**DEFAULTS, **small_run(tiny_model, tmp_path / "out", **{"testbed-samples": 120, "num-rounds": 2})}
@@ -82,6 +123,7 @@ def test_a_tiny_comparison_runs_in_one_call_and_resumes_with_nothing_to_do(tiny_
     for label in ("none-fed", "fedavg", "fedrapp", "fedrapp+trust"):
         assert f"| {label} | " in page and f"  {label}" in out
     assert "| none-fed | " in page and "the reference" in page and "95% interval" in page
+    assert "Your setting (what `-c` changed from the defaults): " in page  # every key differs here: all given
     assert "comparing none-fed, fedavg, fedrapp, fedrapp+trust on this setting over seeds 0, 1: 8 runs" in out
     assert run_compare(s, [0, 1]) == 0  # the same command again: every run finished, nothing runs
     assert "(8 finished before)" in capsys.readouterr().out

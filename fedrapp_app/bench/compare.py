@@ -38,6 +38,8 @@ RULES: dict[str, dict[str, Any]] = {
 DEFAULT_SEEDS = (0, 1, 2)
 GRID = "compare"
 PAGE, FIGURE, DETAILS = "report.md", "gains.png", "report"
+#: The keys the user gave with ``-c``, beside the rows: the page lists them apart from what the comparison resolved.
+GIVEN = "setting.json"
 #: Every key that chooses or tunes a server rule: each goes to the rules it belongs to, never to the shared base.
 _RULE_OWN = {key for keys in RULE_KEYS.values() for key in keys} | set(RULE_CHOICE_KEYS)
 
@@ -153,12 +155,47 @@ def console_lines(results: Sequence[RuleResult]) -> list[str]:
     return lines
 
 
-def _setting_text(rows: Sequence[Mapping[str, Any]]) -> str:
-    """The keys every cell shares (the user's setting), as code."""
-    configs = [row["config"] for row in rows]
-    shared = {k: v for k, v in configs[0].items() if all(c.get(k) == v for c in configs)}
+def _code(keys: Mapping[str, Any]) -> str:
+    """Keys as code: `` `k=v`, `k2=v2` ``."""
+    return ", ".join(f"`{k}={v!r}`" for k, v in keys.items())
+
+
+def write_given(folder: str | Path, given: Mapping[str, Any]) -> Path:
+    """Record the keys the user gave with ``-c`` (``given``) in ``folder``; where a run writes and the seed are left
+    out (the page names the folder and the seeds)."""
+    path = Path(folder) / GIVEN
+    path.parent.mkdir(parents=True, exist_ok=True)
+    kept = {k: v for k, v in given.items() if k not in RUNNER_KEYS and k != "seed"}
+    write_text_atomic(path, json.dumps({"given": kept}, indent=1) + "\n")
+    return path
+
+
+def read_given(folder: str | Path) -> dict[str, Any] | None:
+    """The keys recorded by :func:`write_given`, or None for a folder without them (drawn before they were)."""
+    path = Path(folder) / GIVEN
+    if not path.is_file():
+        return None
+    return dict(json.loads(path.read_text())["given"])
+
+
+def setting_sentence(shared: Mapping[str, Any], given: Mapping[str, Any] | None) -> str:
+    """The page's words for the setting. ``shared``: the keys every run shares beyond the defaults; ``given``: the
+    keys the user gave with ``-c`` (None: not recorded). Only ``given`` is called the user's setting; what the
+    comparison resolved itself (``num-clients`` from the SuperNodes) is listed apart, as settings used."""
     shared = {k: v for k, v in shared.items() if k not in ("seed", "strategy")}
-    return ", ".join(f"`{k}={v!r}`" for k, v in shared.items()) or "the defaults"
+    if given is None:
+        return f"Setting (keys that differ from the defaults, shared by every run): {_code(shared) or 'the defaults'}."
+    resolved = {k: v for k, v in shared.items() if k not in given}
+    words = f"Your setting (what `-c` changed from the defaults): {_code(given) or 'nothing, the defaults'}."
+    if resolved:
+        words += f" Also used by every run, resolved by the comparison: {_code(resolved)}."
+    return words
+
+
+def _shared(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """The config keys every row has with the same value."""
+    configs = [row["config"] for row in rows]
+    return {k: v for k, v in configs[0].items() if all(c.get(k) == v for c in configs)}
 
 
 def write_compare_page(folder: str | Path, out_dir: str | Path | None = None) -> Path:
@@ -192,8 +229,7 @@ def write_compare_page(folder: str | Path, out_dir: str | Path | None = None) ->
         [
             "# Which rule on this setting?",
             "",
-            f"Setting (keys that differ from the defaults, shared by every run): {_setting_text(rows)}. "
-            f"Seeds: {', '.join(map(str, seeds))}."
+            f"{setting_sentence(_shared(rows), read_given(folder))} Seeds: {', '.join(map(str, seeds))}."
             + (f" Every run under client-level differential privacy: {privacy}." if privacy else ""),
             "",
             *table,

@@ -10,6 +10,7 @@ A test checks that the three agree with the code.
 from __future__ import annotations
 
 import sys
+import textwrap
 from pathlib import Path
 
 from fedrapp_app.config.keys import Key, toml_literal
@@ -25,6 +26,11 @@ def markdown_table(keys: tuple[Key, ...] | None = None) -> str:
     return "\n".join(rows)
 
 
+def _wrapped(text: str, width: int = 115) -> str:
+    """A paragraph of the page as lines of at most ``width`` characters (words kept whole)."""
+    return "\n".join(textwrap.wrap(text, width, break_long_words=False, break_on_hyphens=False))
+
+
 def reference_page() -> str:
     """docs/configuration.md: every key, by group (``python -m fedrapp_app.config --sync`` writes it)."""
     parts = [
@@ -32,19 +38,23 @@ def reference_page() -> str:
         "",
         "<!-- Generated from fedrapp_app/config/ by `python -m fedrapp_app.config --sync`; do not edit. -->",
         "",
-        "Every key of a run, by group. The keys in **bold** are the everyday ones: the README shows them and "
-        "`pyproject.toml` lists them first, with their meaning; the others follow there without comments. All of "
-        "them are set the same way, for `fedrapp-sim` and plain `flwr run` alike: "
-        '`-c "key=value key2=value2"` (strings in single quotes: `-c "strategy=\'fedavg\'"`) or `-c file.toml` (one '
-        "file, its keys at the top level, as in `pyproject-run.toml`). Flower refuses a key that is not declared in "
-        "`[tool.flwr.app.config]`, which is why every key is declared there. A bad value, an unknown key or two "
-        "keys that contradict each other fail before any model or data is loaded, with one message naming the "
-        "key and the fix.",
+        _wrapped(
+            "Every key of a run, by group. The keys in **bold** are the everyday ones: the README shows them and "
+            "`pyproject.toml` lists them first, with their meaning; the others follow there without comments. "
+            "All of them are set the same way, for `fedrapp-sim` and plain `flwr run` alike: "
+            '`-c "key=value key2=value2"` (strings in single quotes: `-c "strategy=\'fedavg\'"`) or '
+            "`-c file.toml` (one file, its keys at the top level, as in `pyproject-run.toml`). Flower refuses a "
+            "key that is not declared in `[tool.flwr.app.config]`, which is why every key is declared there. A bad "
+            "value, an unknown key or two keys that contradict each other fail before any model or data is loaded, "
+            "with one message naming the key and the fix."
+        ),
         "",
-        "A developer who adds or changes a key edits its group's module in `fedrapp_app/config/` (`run.py`, "
-        "`data.py`, ...: the key, its default, range and meaning, and the checks that involve it) and runs "
-        "`python -m fedrapp_app.config --sync`, which rewrites this page, the README's table and "
-        "`pyproject.toml`'s block (a test checks that the three agree with the code).",
+        _wrapped(
+            "A developer who adds or changes a key edits its group's module in `fedrapp_app/config/` (`run.py`, "
+            "`data.py`, ...: the key, its default, range and meaning, and the checks that involve it) and runs "
+            "`python -m fedrapp_app.config --sync`, which rewrites this page, the README's table and "
+            "`pyproject.toml`'s block (a test checks that the three agree with the code)."
+        ),
         "",
     ]
     for name, purpose in GROUPS:

@@ -10,6 +10,7 @@ none-fed, paired by seed, with its 95% interval. Ctrl-C stops it; the same comma
 
 from __future__ import annotations
 
+import os
 import signal
 import sys
 from collections.abc import Mapping, Sequence
@@ -26,11 +27,22 @@ def _interrupt(signum: int, _frame: Any) -> None:
     raise KeyboardInterrupt(signal.Signals(signum).name)
 
 
-def run_compare(setting: Mapping[str, Any], seeds: Sequence[int], check: bool = False) -> int:
+def run_compare(
+    setting: Mapping[str, Any], seeds: Sequence[int], check: bool = False, given: Mapping[str, Any] | None = None
+) -> int:
     """Check, run (or resume) and report the comparison on ``setting`` (a full run config, ``num-clients``
     resolved) over ``seeds``; the exit status (0 done, 1 a run failed, 2 bad input, 130 interrupted). ``check``:
-    everything before the first run, then nothing."""
-    from fedrapp_app.bench.compare import FIGURE, compare_spec, console_lines, rule_results, write_compare_page
+    everything before the first run, then nothing. ``given``: the keys the user gave with ``-c``, which the page
+    calls the user's setting (default: every key of ``setting`` that differs from the defaults)."""
+    from fedrapp_app.bench.compare import (
+        FIGURE,
+        compare_spec,
+        console_lines,
+        rule_results,
+        user_keys,
+        write_compare_page,
+        write_given,
+    )
     from fedrapp_app.bench.estimate import GPU_CLASSES, cell_estimate, host_gpu_class
     from fedrapp_app.bench.grid import BenchRunner, format_duration, print_failures
     from fedrapp_app.bench.report import write_report
@@ -64,15 +76,16 @@ def run_compare(setting: Mapping[str, Any], seeds: Sequence[int], check: bool = 
     gpu = GPU_CLASSES.get(host_gpu_class() or "")  # None: the runs go on this host's CPU
     minutes = [cell_estimate(cell.overrides, gpu) for cell in pending]
     if pending and all(isinstance(m, tuple) for m in minutes):
-        where = gpu.name if gpu else "a 2-core CPU"
         print(
             f"fedrapp-sim: about {format_duration(60 * sum(m[0] for m in minutes))} for the {len(pending)} runs to go "
-            f"(estimated for {where}: fedrapp_app/bench/estimate.py; the progress lines tell as they go)",
+            f"({estimate_basis(gpu.name if gpu else None, _load(), os.cpu_count() or 1)}; the progress lines tell "
+            "as they go)",
             flush=True,
         )
     if check:
         print("fedrapp-sim: --check: nothing started")
         return 0
+    write_given(runner.bench_dir, user_keys(setting) if given is None else given)
     previous = signal.signal(signal.SIGTERM, _interrupt)
     try:
         runner.run(threads=None)  # torch's own threads: the runs go one after the other
@@ -98,6 +111,25 @@ def run_compare(setting: Mapping[str, Any], seeds: Sequence[int], check: bool = 
     return print_failures(
         runner.failures, f"fedrapp-sim: {len(runner.failures)} run(s) failed (the same command retries them):"
     )
+
+
+def estimate_basis(gpu: str | None, load: float | None, cores: int) -> str:
+    """What the time estimate assumes, in words: the measured costs on ``gpu`` (None: a 2-core CPU) with nothing
+    else running; where the host's 1-minute ``load`` already fills half its ``cores`` or more, that it is busy and
+    the runs will take longer (they share the cores; the estimate is not scaled, the slowdown is not linear)."""
+    where = f"{gpu} to itself" if gpu else "2 quiet CPU cores"
+    words = f"estimated for {where}: fedrapp_app/bench/estimate.py"
+    if gpu is None and load is not None and load >= cores / 2:
+        words += f"; this host's load is {load:.1f} on {cores} cores, so expect longer"
+    return words
+
+
+def _load() -> float | None:
+    """The host's 1-minute load average, None where the platform has none."""
+    try:
+        return os.getloadavg()[0]
+    except (AttributeError, OSError):
+        return None
 
 
 def _check_same_setting(runner: BenchRunner, spec: BenchSpec) -> None:

@@ -668,8 +668,9 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def compare_rules(args: argparse.Namespace, app_dir: Path) -> int:
-    """``--compare``: the rules on this setting (``running.compare``), ``num-clients`` resolved as a run would."""
-    from fedrapp_app.bench.compare import DEFAULT_SEEDS
+    """``--compare``: the rules on this setting (``running.compare``), ``num-clients`` resolved as a run would; the
+    page calls only what ``-c`` changed the user's setting."""
+    from fedrapp_app.bench.compare import DEFAULT_SEEDS, user_keys
     from fedrapp_app.running.compare import run_compare
 
     cluster = [flag for flag, on in (("--ray-address", args.ray_address), ("--overwrite", args.overwrite)) if on]
@@ -689,7 +690,8 @@ def compare_rules(args: argparse.Namespace, app_dir: Path) -> int:
         print(f"fedrapp-sim: {err}", file=sys.stderr)
         return 2
     clients = config.num_clients or args.supernodes or DEFAULT_SUPERNODES
-    return run_compare({**values, "num-clients": clients}, args.seeds or DEFAULT_SEEDS, check=args.check)
+    setting = {**values, "num-clients": clients}
+    return run_compare(setting, args.seeds or DEFAULT_SEEDS, check=args.check, given=user_keys(values))
 
 
 def run_seeds(args: argparse.Namespace, app_dir: Path) -> int:
