@@ -1,4 +1,4 @@
-"""The testbed world: seeded, batch-independent renders and captions; its corruptions."""
+"""The testbed world: seeded, batch-independent renders; its corruptions (captions: test_testbed_captions.py)."""
 
 from __future__ import annotations
 
@@ -6,9 +6,8 @@ import numpy as np
 import pytest
 
 from fedrapp_app.testbed import corruptions, world
-from fedrapp_app.testbed.corruptions import CORRUPTIONS, DOMAIN_WORDS, MAX_SEVERITY, corrupt
-from fedrapp_app.testbed.tokenizer import words_of
-from fedrapp_app.testbed.world import CLASSNAMES, IMAGE_SIZE, caption, render
+from fedrapp_app.testbed.corruptions import CORRUPTIONS, MAX_SEVERITY, corrupt
+from fedrapp_app.testbed.world import CLASSNAMES, IMAGE_SIZE, render
 
 LABELS = np.arange(40) % len(CLASSNAMES)
 SEEDS = np.arange(40) * 7 + 3
@@ -73,28 +72,6 @@ def test_render_empty_batch() -> None:
     assert render(np.array([], dtype=int), np.array([], dtype=int)).shape == (0, IMAGE_SIZE, IMAGE_SIZE, 3)
 
 
-def test_captions_name_the_class_and_the_domain() -> None:
-    rng = np.random.default_rng(0)
-    texts = {caption(7, s, rng) for s in range(60)}
-    assert len(texts) >= 5  # several templates
-    assert all(CLASSNAMES[7] in t for t in texts)
-    assert "blurry" in caption(7, 1, rng, domain="blurry")
-    # The caption's size/background words come from the render, not from the caption's rng.
-    a = caption(3, 9, np.random.default_rng(1))
-    b = caption(3, 9, np.random.default_rng(1))
-    assert a == b
-
-
-def test_vocabulary_covers_captions_domains_and_method_texts() -> None:
-    vocabulary = set(words_of(t.replace("{}", "") for t in world.VOCABULARY_TEXTS))
-    rng = np.random.default_rng(0)
-    texts = [caption(int(c), s, rng, domain=d) for c in range(30) for s in range(8) for d in (None, "noisy")]
-    texts += [*world.METHOD_TEXTS, *DOMAIN_WORDS.values(), *CLASSNAMES]
-    assert set(words_of(t.replace("{}", "") for t in texts)) <= vocabulary
-    for needed in ("photo", "image", "colorful", "noisy", "picture", "blurry"):
-        assert needed in vocabulary
-
-
 # --- corruptions -------------------------------------------------------------------------------
 
 
@@ -138,4 +115,3 @@ def test_default_domains_are_valid() -> None:
     assert len(corruptions.DEFAULT_DOMAINS) >= 4
     for name, severity in corruptions.DEFAULT_DOMAINS:
         assert name in CORRUPTIONS and 1 <= severity <= MAX_SEVERITY
-    assert set(DOMAIN_WORDS) == set(CORRUPTIONS)

@@ -24,7 +24,16 @@ from typing import Any
 
 import numpy as np
 
-from fedrapp_app.recording.results import comparable_rows, read_rows
+
+def _module(path: str, at_record: str) -> Any:
+    """The module at ``path`` in today's package, else at ``at_record``, its path on 9c3f0c6 (before the package
+    was layered into folders), where the record is made."""
+    import importlib
+
+    try:
+        return importlib.import_module(path)
+    except ModuleNotFoundError:
+        return importlib.import_module(at_record)
 
 #: The trust option as the last commit with its knobs spells the chosen variant (issue 15's "ZKP").
 CHOSEN_KNOBS: dict[str, Any] = {
@@ -64,8 +73,11 @@ CELLS: dict[str, dict[str, Any]] = {
 
 
 def stable_rows(run_dir: Path) -> list[dict[str, Any]]:
-    """The rows of ``run_dir/rounds.jsonl`` without timings, hosts and process ids."""
-    return comparable_rows(read_rows(run_dir / "rounds.jsonl"))
+    """The rows of ``run_dir/rounds.jsonl``; today's package also drops timings, hosts and process ids
+    (``comparable_rows``, which 9c3f0c6 lacks: the test applies it to the record's rows too)."""
+    results = _module("fedrapp_app.recording.results", "fedrapp_app.results")
+    rows = results.read_rows(run_dir / "rounds.jsonl")
+    return results.comparable_rows(rows) if hasattr(results, "comparable_rows") else rows
 
 
 def checkpoint_digests(run_dir: Path) -> dict[str, dict[str, Any]]:
@@ -88,12 +100,12 @@ def checkpoint_digests(run_dir: Path) -> dict[str, dict[str, Any]]:
 
 def run_cell(config: dict[str, Any], out_dir: Path) -> dict[str, Any]:
     """Run one cell in-process (the real ServerApp body, strategy and ClientApp); its rows and digests."""
-    from fedrapp_app.federation.client import app as client_app
-    from fedrapp_app.federation.inprocess import InProcessGrid
-    from fedrapp_app.federation.server import run_server
+    client_app = _module("fedrapp_app.federation.client", "fedrapp_app.client").app
+    grid = _module("fedrapp_app.federation.inprocess", "fedrapp_app.inprocess").InProcessGrid
+    run_server = _module("fedrapp_app.federation.server", "fedrapp_app.server").run_server
 
     config = {**config, "output-dir": str(out_dir), "run-name": "cell"}
-    summary = run_server(InProcessGrid(client_app, int(config["num-clients"]), config), config)
+    summary = run_server(grid(client_app, int(config["num-clients"]), config), config)
     run_dir = Path(summary["run_dir"])
     return {"rows": stable_rows(run_dir), "checkpoint": checkpoint_digests(run_dir)}
 

@@ -4,7 +4,7 @@
 seed): the random parts of image b come from ``numpy.random.default_rng([seeds[b], k])`` (k = the
 corruption's index) and each image is processed on its own, so a sample is corrupted identically
 whatever batch it travels in. Severity ``s`` is strength level ``s`` of a continuous scale; pretraining
-draws fractional levels through ``corrupt_level`` (light corruptions captioned with ``DOMAIN_WORDS``).
+draws fractional levels through ``corrupt_level``.
 """
 
 from __future__ import annotations
@@ -27,17 +27,6 @@ CORRUPTIONS: tuple[str, ...] = (
 )
 #: Severities run from 1 (mild) to MAX_SEVERITY (strong).
 MAX_SEVERITY: int = 3
-#: The adjective a caption uses for each family ("a blurry photo of a red circle.").
-DOMAIN_WORDS: dict[str, str] = {
-    "gaussian_noise": "noisy",
-    "blur": "blurry",
-    "contrast": "faded",
-    "hue_shift": "recolored",
-    "color_cast": "tinted",
-    "occlusion": "occluded",
-    "salt_pepper": "speckled",
-    "pixelate": "pixelated",
-}
 #: A sensible default list of client domains, (corruption, severity): one per family, at a severity
 #: where the shipped model's hand-prompt zero-shot accuracy drops clearly but keeps a signal to adapt
 #: on (README table; gaussian noise at severity 2 leaves about 25% and no adaptation recovers it).

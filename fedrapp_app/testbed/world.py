@@ -1,4 +1,4 @@
-"""The testbed world: coloured shapes drawn procedurally from seeded parameters, and their captions.
+"""The testbed world: coloured shapes drawn procedurally from seeded parameters (their captions: captions.py).
 
 Thirty classes = six colours x five shapes ("red circle", "blue ring", ...). Classes share words, so a
 text context can re-weight colour against shape. Every image is a pure function of its
@@ -40,27 +40,6 @@ _HI = IMAGE_SIZE * _SUPERSAMPLE
 _AXIS = (np.arange(_HI, dtype=np.float32) + 0.5) / _HI * 2.0 - 1.0
 _V, _U = np.meshgrid(_AXIS, _AXIS, indexing="ij")  # _V rows (down), _U columns (right)
 
-# Caption templates. {c}: class name; {size}/{bg}: words read off the render's parameters; {d}: a
-# domain adjective (corrupted pretraining renders only, see corruptions.DOMAIN_WORDS).
-CLEAN_TEMPLATES: tuple[str, ...] = (
-    "a photo of a {c}.",
-    "a picture of a {c}.",
-    "an image of a {c}.",
-    "a {size} {c}.",
-    "a {c} on a {bg} background.",
-    "a photo of a {size} {c}.",
-    "a {size} {c} on a {bg} background.",
-    "a drawing of a {c}.",
-)
-DOMAIN_TEMPLATES: tuple[str, ...] = (
-    "a {d} photo of a {c}.",
-    "a {d} picture of a {c}.",
-    "a {d} image of a {c}.",
-    "a {d} photo of a {size} {c}.",
-    "a {c}, {d}.",
-)
-SIZE_WORDS: tuple[str, ...] = ("small", "medium", "large")
-BACKGROUND_WORDS: tuple[str, ...] = ("dark", "grey", "light", "striped")
 #: Init texts of the local methods (SPEC section 2) and the hand prompt: the tokenizer must know them.
 METHOD_TEXTS: tuple[str, ...] = (
     "a photo of a",
@@ -218,45 +197,3 @@ def render(labels: np.ndarray, seeds: np.ndarray) -> np.ndarray:
         image = _draw(scene_params(label, seed), label, seed)
         out[b] = np.round(image * 255.0).astype(np.uint8)
     return out
-
-
-def _size_word(size: float) -> str:
-    return SIZE_WORDS[0] if size < 0.46 else SIZE_WORDS[2] if size > 0.61 else SIZE_WORDS[1]
-
-
-def _background_word(p: SceneParams) -> str:
-    if p.stripes is not None:
-        return "striped"
-    return "dark" if p.luminance < 0.38 else "light" if p.luminance > 0.62 else "grey"
-
-
-def caption(label: int, seed: int, rng: np.random.Generator, domain: str | None = None) -> str:
-    """A caption of the render ``(label, seed)``: a template drawn with ``rng``, filled from the scene.
-
-    ``domain`` (an adjective such as "blurry", see ``corruptions.DOMAIN_WORDS``) selects the domain
-    templates, used for corrupted pretraining renders ("a blurry photo of a red circle.").
-    """
-    p = scene_params(label, seed)
-    templates = CLEAN_TEMPLATES if domain is None else DOMAIN_TEMPLATES
-    template = templates[int(rng.integers(len(templates)))]
-    return template.format(c=CLASSNAMES[label], size=_size_word(p.size), bg=_background_word(p), d=domain)
-
-
-def vocabulary_texts(domain_words: tuple[str, ...] = ()) -> tuple[str, ...]:
-    """Every text whose words the testbed tokenizer must know: captions, class names, method inits.
-
-    ``domain_words`` are the corruption adjectives that may fill ``{d}`` (corruptions.DOMAIN_WORDS).
-    """
-    fills = dict(c=" ".join(CLASSNAMES), size=" ".join(SIZE_WORDS), bg=" ".join(BACKGROUND_WORDS))
-    texts = [t.format(d=" ".join(domain_words), **fills) for t in (*CLEAN_TEMPLATES, *DOMAIN_TEMPLATES)]
-    return (*METHOD_TEXTS, *CLASSNAMES, *texts, *domain_words)
-
-
-def _vocabulary() -> tuple[str, ...]:
-    from fedrapp_app.testbed.corruptions import DOMAIN_WORDS  # corruptions imports nothing from here
-
-    return vocabulary_texts(tuple(DOMAIN_WORDS.values()))
-
-
-#: All texts the shipped tokenizer covers (captions of every template, class names, method inits).
-VOCABULARY_TEXTS: tuple[str, ...] = _vocabulary()
