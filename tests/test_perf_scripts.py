@@ -152,3 +152,27 @@ def test_upload_sizes_averages_each_method_and_rules_ok_rows(tmp_path):
     sizes = upload_sizes.sizes(tmp_path)
     assert sizes[("latte", "latte")] == {"upload": 200.0, "download": 600.0, "rows": 2}
     assert sizes[("adaprompt", "none-fed")] == {"upload": 50.0, "download": 50.0, "rows": 1}
+
+
+def test_prompt_geometry_averages_each_candidates_seeds_and_ranks_by_the_fixed_rule(tmp_path, capsys):
+    import prompt_geometry
+
+    base = {"clean_zero_shot": 90.0, "coop_own_gain": 12.0, "adaprompt_vs_zero_shot": 1.0, "tpt_vs_zero_shot": 0.5,
+            "tpt-online_vs_zero_shot": -1.0, "effective_rank_differential": 8.0}  # fmt: skip
+    runs = {"a_s100": {**base, "coop_transfer": 0.2}, "a_s101": {**base, "coop_transfer": -1.4},
+            "b_s100": {**base, "coop_transfer": -0.4, "tpt-online_vs_zero_shot": 1.0},
+            "c_s100": {**base, "coop_transfer": 2.0, "clean_zero_shot": 80.0}}  # fmt: skip
+    paths = []
+    for stem, summary in runs.items():
+        paths.append(tmp_path / f"prompt_geometry_{stem}.json")
+        paths[-1].write_text(json.dumps({"summary": summary}))
+    names, means = prompt_geometry.mean_runs(paths)
+    assert names == ["a (s100, s101)", "b (s100)", "c (s100)"]
+    assert means[0]["coop_transfer"] == pytest.approx(-0.6) and means[0]["clean_zero_shot"] == 90.0
+    ranking = prompt_geometry.rank_candidates(names, means)
+    # b meets transfer, AdaPrompt, TPT and online TPT (4); a misses transfer and online TPT (2); c is not eligible
+    assert ranking[0].startswith("1. b (s100): 4 of 5 targets, transfer -0.40")
+    assert ranking[1].startswith("2. a (s100, s101): 2 of 5") and "not eligible" in ranking[2]
+    prompt_geometry.main(["compare", "--mean", "--choose", *map(str, paths)])
+    out = capsys.readouterr().out
+    assert "| a (s100, s101) | b (s100) |" in out and "1. b (s100)" in out
