@@ -49,6 +49,17 @@ def test_special_token_ids_match_the_config(shipped) -> None:
         assert tokenizer.unk_token_id not in tokenizer(t.replace("{}", "red circle"))["input_ids"], t
 
 
+def test_the_shipped_tokenizer_knows_every_word_a_caption_can_use(shipped) -> None:
+    """The shipped model was pretrained on captions.py's captions: none of their words is unknown to it."""
+    from fedrapp_app.testbed.captions import VOCABULARY
+    from fedrapp_app.testbed.tokenizer import words_of
+
+    _, tokenizer, _ = shipped
+    words = sorted(set(words_of(t.replace("{}", "") for t in VOCABULARY)))
+    unknown = [w for w in words if tokenizer.unk_token_id in tokenizer(w)["input_ids"]]
+    assert not unknown and len(words) == len(tokenizer) - 4  # every word, and nothing but them and the specials
+
+
 def test_shipped_model_zero_shot_on_clean_renders(shipped) -> None:
     """A real floor on the shipped weights, through the standard HF calls only."""
     model, tokenizer, processor = shipped
