@@ -1,11 +1,11 @@
 """Pretrain the testbed's small CLIP contrastively on the world's renders and save a standard HF folder.
 
-    # the shipped model: these two stages at commit b61f899, whose captions and loss it was trained with (README.md)
-    python -m fedrapp_app.testbed.pretrain --output runs/stage1
-    python -m fedrapp_app.testbed.pretrain --init-from runs/stage1 --steps 800 --lr 7e-4 --seed 1
-    # a candidate on today's scene captions, warm-started from it (docs/results/testbed.md)
-    python -m fedrapp_app.testbed.pretrain --output runs/captions-hn1 --init-from fedrapp_app/testbed/model \
-        --steps 150 --batch-size 64 --lr 3e-4 --seed 2 --pool-size 3000 --threads 1 --precision fp32
+    # the shipped model: the previous one (two stages at commit b61f899, on its short captions: README.md)
+    # warm-started 150 steps on today's scene captions; bit for bit on one thread
+    mkdir -p /tmp/previous && git archive b61f899 fedrapp_app/testbed/model | tar -x -C /tmp/previous
+    python -m fedrapp_app.testbed.pretrain --output fedrapp_app/testbed/model \
+        --init-from /tmp/previous/fedrapp_app/testbed/model --steps 150 --batch-size 64 --lr 3e-4 --seed 2 \
+        --pool-size 3000 --threads 1 --eval-every 50 --hard-negatives 1 --precision fp32
     python -m fedrapp_app.testbed.pretrain --preset tiny --steps 20 --output /tmp/tiny   # smoke test
 
 The folder (config.json, model.safetensors, tokenizer.json, tokenizer_config.json,
