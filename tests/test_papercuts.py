@@ -514,9 +514,11 @@ def test_a_reversed_seed_range_is_called_one():
 
 
 CUT_PIPE = """
-import sys, time
+import signal, sys, time
 from pathlib import Path
 from fedrapp_app.running.console import resilient_output
+
+signal.signal(signal.SIGINT, signal.default_int_handler)  # as in a terminal, even where the test runs in the background
 
 def body():
     try:
