@@ -11,7 +11,7 @@ the recorded golden file; and whether every decision, count and status was ident
     python benchmarks/kernel_spread.py                       # ~2 min per profile on 2 CPU cores
     python benchmarks/kernel_spread.py --out docs/results/raw/kernel_spread
 
-The tolerances of the golden test (``tests/test_trust_switch.py``, ``FLOAT_TOLERANCE``) are this spread times a
+The tolerances of the golden test (``tests/test_trust_switch.py``, ``SPREAD``) are this spread times a
 margin (the test says which).
 """
 
@@ -27,11 +27,8 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
-GOLDEN = ROOT / "tests" / "data" / "trust_golden.json"
 #: The emulated profiles, lowest first (``testing/kernels.py``); a CPU runs those up to its own capability.
 PROFILES = ("default", "avx2", "avx512")
-#: What a row records as a decision, a count or a status: never allowed to differ (tests/test_trust_switch.py).
-EXACT = ("round", "client", "status", "num_examples", "correct", "correct_before", "trust_memory", "trust_peers")
 
 
 #: Every variable a profile sets (unset for the native run).
@@ -93,13 +90,13 @@ def comparable(cells: dict[str, Any]) -> dict[str, Any]:
     any last bit, so they say only whether two records are identical)."""
     from test_trust_switch import ADDED, DROPPED  # the test's own view of what rows report
 
-    from fedrapp_app.recording.results import SITTING_OUT, comparable_rows
+    from fedrapp_app.recording.results import SITTING_OUT
 
     out = {}
     for name, cell in cells.items():
         rows = [
             {k: v for k, v in row.items() if k not in ADDED + DROPPED}
-            for row in comparable_rows(cell["rows"])  # the record made on 9c3f0c6 keeps timings and pids
+            for row in cell["rows"]
             if row["status"] not in SITTING_OUT
         ]
         sums = {k: {s: v[s] for s in ("sum", "abs_sum")} for k, v in cell["checkpoint"].items()}
@@ -110,6 +107,8 @@ def comparable(cells: dict[str, Any]) -> dict[str, Any]:
 def spread(a: dict[str, Any], b: dict[str, Any]) -> tuple[dict[str, dict[str, float]], list[str]]:
     """Per field, the largest absolute and relative difference of the floats of ``a`` and ``b``; and the paths
     where an exact field (or the structure) differs."""
+    from test_trust_switch import EXACT  # a decision, a count or a status: never allowed to differ
+
     la, lb = leaves(a), leaves(b)
     mismatched = sorted(set(la) ^ set(lb))
     worst: dict[str, dict[str, float]] = {}
@@ -143,7 +142,9 @@ def main() -> None:
 
     native = native_capability()
     offered = ("native", *PROFILES[: PROFILES.index(native) + 1])
-    golden = comparable(json.loads(GOLDEN.read_text())["cells"])
+    from trust_golden import read_record
+
+    golden = comparable(read_record()["cells"])
     records = {}
     for profile in offered:
         print(f"running the golden cells under the {profile} kernels ...", flush=True)

@@ -12,10 +12,10 @@ The record was last made when the testbed model changed to the scene-caption one
 seed 0 to seed 2 then, because on seed 0 its memory trusts no longer moved within its 5 rounds.
 
 ``new`` instead of ``old`` runs the same cells with ``trust = true`` on the checked-out code (what the test does).
-A record holds, per cell, the rows of ``rounds.jsonl`` without what differs between two runs of one config
-(timings, hosts, process ids) and a SHA-256 of each array the run's last checkpoint holds (the memories, the
-prompts last sent, the trusts, the probes), with its sums for a machine whose float rounding differs. The cells
-run on one torch thread.
+A record holds, per cell, the rows of ``rounds.jsonl`` (:func:`read_record` drops what differs between two runs
+of one config: timings, hosts, process ids, which 9c3f0c6's code still writes into the record) and a SHA-256 of
+each array the run's last checkpoint holds (the memories, the prompts last sent, the trusts, the probes), with
+its sums for a machine whose float rounding differs. The cells run on one torch thread.
 """
 
 from __future__ import annotations
@@ -40,6 +40,9 @@ def _module(path: str, at_record: str) -> Any:
     except ModuleNotFoundError:
         return importlib.import_module(at_record)
 
+
+#: The record ``tests/test_trust_switch.py`` and ``benchmarks/kernel_spread.py`` compare against.
+GOLDEN = Path(__file__).parent / "data" / "trust_golden.json"
 
 #: The trust option as the last commit with its knobs spells the chosen variant (issue 15's "ZKP").
 CHOSEN_KNOBS: dict[str, Any] = {
@@ -84,6 +87,16 @@ def stable_rows(run_dir: Path) -> list[dict[str, Any]]:
     results = _module("fedrapp_app.recording.results", "fedrapp_app.results")
     rows = results.read_rows(run_dir / "rounds.jsonl")
     return results.comparable_rows(rows) if hasattr(results, "comparable_rows") else rows
+
+
+def read_record(path: Path = GOLDEN) -> dict[str, Any]:
+    """A record as the comparisons read it: its rows without timings, hosts and process ids."""
+    from fedrapp_app.recording.results import comparable_rows
+
+    record = json.loads(Path(path).read_text())
+    for cell in record["cells"].values():
+        cell["rows"] = comparable_rows(cell["rows"])
+    return record
 
 
 def checkpoint_digests(run_dir: Path) -> dict[str, dict[str, Any]]:
