@@ -1,7 +1,9 @@
-"""Chaos on loopback (slow, about 4 minutes): a SuperNode killed with SIGKILL or stopped with SIGTERM in the
-middle of a round and started again, and the SuperLink killed and started again on its database with the run
-resumed. Each run must end, score every sample exactly once, and match an uninterrupted run of the same
-config as far as the scenario allows (docs/results/chaos.md).
+"""Chaos on loopback (slow, about 3 minutes): a SuperNode killed with SIGKILL or stopped with SIGTERM in the
+middle of a round and started again, and the SuperLink killed with its process group and started again on its
+database with the run resumed (``extended``: the default suite runs the harder case, the SuperLink's PID killed
+alone while its ServerApp lives on, in tests/test_superlink_crash.py). Each run must end, score every sample
+exactly once, and match an uninterrupted run of the same config as far as the scenario allows
+(docs/results/chaos.md).
 
 The scenarios are ``benchmarks/chaos.py``'s; the long one (a node restarted only after the SuperLink's
 heartbeat window, about a minute of stall) runs only there. Here ``round-timeout`` bounds the stall.
@@ -66,6 +68,7 @@ def test_a_node_stopped_with_sigterm_and_restarted_costs_one_round_and_nothing_i
     assert report["victim_back"] == {"round": report["victim_back"]["round"], "position": AT_ROUND - 1, "rebuilt": 0}
 
 
+@pytest.mark.extended  # its path runs by default in tests/test_superlink_crash.py: the harder case, the same checks
 def test_a_killed_superlink_restarted_on_its_database_resumes_the_run_identically(tiny_model, tmp_path):
     report = chaos.run_scenario("superlink", tmp_path, tiny_model, at_round=AT_ROUND, batches=4)
     _accounted(report)

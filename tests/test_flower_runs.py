@@ -1,5 +1,6 @@
-"""Runs through Flower itself: the simulation engine (``run_simulation`` and ``flwr run`` via ``fedrapp-sim``)
-and a deployment of one SuperLink and two SuperNodes on loopback. Slow (Ray start, polling): marked ``slow``.
+"""Runs through Flower itself: the simulation engine (``run_simulation``, ``flwr run`` via ``fedrapp-sim`` and
+plain ``flwr run .``) and a Ray cluster of two nodes. Slow (Ray start, polling): marked ``slow``. A deployment of
+one SuperLink and two SuperNodes on loopback: tests/test_deploy_executor_loopback.py, tests/test_guide.py.
 
 Every process these tests start is stopped by its PID (process group) when the test ends.
 """
@@ -25,10 +26,7 @@ from fedrapp_app.running.launch import (
     contained_env,
     free_port,
     run_status,
-    stop_process_group,
     toml_value,
-    wait_healthy,
-    write_connection,
 )
 from fedrapp_app.running.processes import LAUNCH_ID_ENV, describe_process, marked_pids, stop_marked
 from fedrapp_app.testbed import world
@@ -68,15 +66,24 @@ def _fedrapp_sim(args: list[str], flwr_home: Path) -> subprocess.CompletedProces
     )
 
 
+#: The rule and the method of examples/ (installed as the README's test command installs them), by their entry-point
+#: names, with a parameter each.
+PLUGINS = {"strategy": "mean-mix", "rule-params": "weight=0.3", "local-method": "confident-half"}
+
+
 def test_flwr_run_via_launcher_completes_and_writes_results(testbed_tiny, tmp_path):
-    """... and accounts for the wall time it took, phase by phase (launch.json, the report, its last lines)."""
-    config = small_run(testbed_tiny, tmp_path / "out", **{"num-rounds": 2})
+    """... with the example plugins, and accounts for the wall time it took, phase by phase (launch.json, the
+    report, its last lines)."""
+    config = small_run(testbed_tiny, tmp_path / "out", **{"num-rounds": 2}, **PLUGINS)
     began = time.time()
     done = _fedrapp_sim(["-c", _as_overrides(config)], tmp_path / "flwr-home")
     waited = time.time() - began
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     summary = json.loads((tmp_path / "out" / "run" / "summary.json").read_text())
-    assert summary["rounds"] == 2 and summary["samples"] == 96
+    assert summary["rounds"] == 2 and summary["samples"] == 96 and summary["config"]["strategy"] == "mean-mix"
+    rows = read_rows(tmp_path / "out" / "run")
+    assert all(r["status"] == "ok" and r["gamma"] > 0 for r in rows)  # mixed by the plugin rule
+    assert all(r["client_metrics"]["stat-loss"] > 0 for r in rows)  # adapted by the plugin method
     assert "online accuracy micro" in done.stdout
     launch = json.loads((tmp_path / "out" / "run" / "launch.json").read_text())
     assert [p["phase"] for p in launch["phases"]] == list(PHASES)  # every phase, the server's on the same clock
@@ -129,14 +136,6 @@ def _plain_flwr_run(overrides: dict, tmp_path: Path) -> dict:
     assert status["status"] == "finished:completed", done.stdout[-3000:] + done.stderr[-3000:]
     assert not marked_pids(marker)
     return status
-
-
-def test_plain_flwr_run_with_flowers_default_two_supernodes_completes(testbed_tiny, tmp_path):
-    """`flwr run . --stream` as a Flower user types it: Flower's local SuperLink, its default 2 SuperNodes."""
-    overrides = {k: v for k, v in small_run(testbed_tiny, tmp_path / "out").items() if k != "num-clients"}
-    _plain_flwr_run({**overrides, "num-rounds": 0}, tmp_path)
-    summary = json.loads((tmp_path / "out" / "run" / "summary.json").read_text())
-    assert summary["num_clients"] == 2 and summary["complete"] is True and summary["samples"] == 240
 
 
 def _resume_command(stderr: str) -> list[str]:
@@ -212,73 +211,6 @@ def test_sigint_stops_every_process_of_the_run_and_the_resume_matches_an_uninter
     )
 
 
-def test_deployment_on_loopback(testbed_tiny, tmp_path):
-    """One SuperLink and two SuperNodes (client ids from --node-config) run two rounds, then all stop."""
-    env = contained_env(tmp_path / "flwr-home")
-    link_port = free_port()
-    neutral = tmp_path / "cwd"
-    neutral.mkdir()
-    processes = []
-
-    def start(command: list[str]) -> subprocess.Popen:
-        log = open(tmp_path / f"proc{len(processes)}.log", "w")  # noqa: SIM115 - closed with the process
-        process = subprocess.Popen(
-            command, cwd=neutral, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
-        )
-        processes.append(process)
-        return process
-
-    try:
-        link = start(
-            [
-                "flower-superlink",
-                "--insecure",
-                "--disable-runtime-dependency-installation",
-                "--host",
-                "127.0.0.1",
-                "--port",
-                str(link_port),
-            ]
-        )
-        wait_healthy(link_port, link)
-        for client in (0, 1):
-            start(
-                [
-                    "flower-supernode",
-                    "--insecure",
-                    "--superlink",
-                    f"127.0.0.1:{link_port}",
-                    "--port",
-                    str(free_port()),
-                    "--node-config",
-                    f"client-id={client}",
-                ]
-            )
-        write_connection(env, "loopback", f"127.0.0.1:{link_port}")
-        config = small_run(
-            testbed_tiny, tmp_path / "out", **{"num-clients": 2, "num-rounds": 2, "node-wait-timeout": 120.0}
-        )
-        started = time.monotonic()
-        done = subprocess.run(
-            ["flwr", "run", str(ROOT), "loopback", "--stream", "-c", _as_overrides(config)],
-            cwd=neutral,
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=600,
-        )
-        status = run_status(env, neutral, "loopback")
-        assert status["status"] == "finished:completed", done.stdout[-3000:] + done.stderr[-3000:]
-        rows = read_rows(tmp_path / "out" / "run")
-        assert {(r["round"], r["client"]) for r in rows} == {(1, 0), (1, 1), (2, 0), (2, 1)}
-        assert all(r["status"] == "ok" for r in rows)
-        assert time.monotonic() - started < 300
-    finally:
-        for process in reversed(processes):
-            stop_process_group(process)
-    assert all(p.poll() is not None for p in processes)
-
-
 def test_simulation_on_an_existing_ray_cluster_places_clients_on_both_nodes(testbed_tiny, tmp_path):
     """A Ray head and a second Ray node on this machine; fedrapp-sim --ray-address runs the clients on both."""
     marker = "ray-cluster-" + uuid.uuid4().hex
@@ -306,24 +238,16 @@ def test_simulation_on_an_existing_ray_cluster_places_clients_on_both_nodes(test
     assert not marked_pids(marker, "FEDRAPP_TEST_MARK", ray_tmp)
 
 
-def test_the_example_plugins_run_through_fedrapp_sim_and_plain_flwr_run(testbed_tiny, tmp_path):
-    """The rule and the method of examples/ (installed as the README's test command installs them), by their
-    entry-point names, with a parameter each: through fedrapp-sim, and through plain `flwr run` on Flower's own
-    SuperLink and its default 2 SuperNodes."""
-    plugins = {"strategy": "mean-mix", "rule-params": "weight=0.3", "local-method": "confident-half"}
-    config = small_run(testbed_tiny, tmp_path / "sim", **{"num-rounds": 2}, **plugins)
-    done = _fedrapp_sim(["-c", _as_overrides(config)], tmp_path / "flwr-home")
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    summary = json.loads((tmp_path / "sim" / "run" / "summary.json").read_text())
-    assert summary["complete"] and summary["rounds"] == 2 and summary["config"]["strategy"] == "mean-mix"
-    rows = read_rows(tmp_path / "sim" / "run")
-    assert all(r["status"] == "ok" and r["gamma"] > 0 for r in rows)  # mixed by the plugin rule
-    assert all(r["client_metrics"]["stat-loss"] > 0 for r in rows)  # adapted by the plugin method
-
+def test_the_example_plugins_run_through_plain_flwr_run(testbed_tiny, tmp_path):
+    """The example plugins through plain `flwr run .` as a Flower user types it (Flower's own SuperLink and its
+    default 2 SuperNodes), whose run scores every sample of both streams (through fedrapp-sim:
+    test_flwr_run_via_launcher_completes_and_writes_results)."""
+    # Plain `flwr run` leaves num-clients to Flower's federation (its default 2 SuperNodes), streams to their end.
     plain = {k: v for k, v in small_run(testbed_tiny, tmp_path / "plain").items() if k != "num-clients"}
-    _plain_flwr_run({**plain, "num-rounds": 2, **plugins}, tmp_path / "plain-flower")
+    _plain_flwr_run({**plain, "num-rounds": 0, **PLUGINS}, tmp_path / "plain-flower")
     summary = json.loads((tmp_path / "plain" / "run" / "summary.json").read_text())
-    assert summary["complete"] and summary["num_clients"] == 2 and summary["config"]["local-method"] == "confident-half"
+    assert summary["complete"] and summary["num_clients"] == 2 and summary["samples"] == 240
+    assert summary["config"]["local-method"] == "confident-half"
 
 
 def test_several_seeds_run_in_turn_report_their_mean_and_resume_by_skipping_the_finished_ones(testbed_tiny, tmp_path):
