@@ -223,7 +223,11 @@ def _fedrapp_run(folder: Path, model: Path, executor: str, **node_settings) -> t
 
 def test_warm_and_stock_executors_give_identical_rounds(tiny_model, tmp_path):
     warm, fed = _fedrapp_run(tmp_path / "warm", tiny_model, "warm")
-    stock, _ = _fedrapp_run(tmp_path / "stock", tiny_model, "stock")
+    started = time.monotonic()
+    stock, stock_fed = _fedrapp_run(tmp_path / "stock", tiny_model, "stock")
+    assert time.monotonic() - started < 300  # start, two rounds and stop of a stock deployment
+    assert all(p.poll() is not None for p in stock_fed.processes.values())  # everything stopped with it
+    assert len(warm) == 4 and all(r["status"] == "ok" for r in warm)
     assert {(r["round"], r["client"]) for r in stock} == {(1, 0), (1, 1), (2, 0), (2, 1)}
     assert all(r["status"] == "ok" for r in stock)
     assert comparable_rows(warm) == comparable_rows(stock)

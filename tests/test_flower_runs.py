@@ -80,7 +80,8 @@ def test_flwr_run_via_launcher_completes_and_writes_results(testbed_tiny, tmp_pa
     waited = time.time() - began
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     summary = json.loads((tmp_path / "out" / "run" / "summary.json").read_text())
-    assert summary["rounds"] == 2 and summary["samples"] == 96 and summary["config"]["strategy"] == "mean-mix"
+    assert summary["complete"] and summary["rounds"] == 2 and summary["samples"] == 96
+    assert summary["config"]["strategy"] == "mean-mix"
     rows = read_rows(tmp_path / "out" / "run")
     assert all(r["status"] == "ok" and r["gamma"] > 0 for r in rows)  # mixed by the plugin rule
     assert all(r["client_metrics"]["stat-loss"] > 0 for r in rows)  # adapted by the plugin method
